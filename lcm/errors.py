@@ -1,0 +1,35 @@
+"""Exceptions lcm raises. Every message says what happened and what to do about it."""
+
+from __future__ import annotations
+
+
+class LcmError(Exception):
+    """Base class for lcm errors."""
+
+
+class ConfigError(LcmError, ValueError):
+    """A setting or URL is invalid."""
+
+
+class InvalidMessageError(LcmError, ValueError):
+    """Something that is not an OpenAI-format message was given to be stored."""
+
+
+class NotFoundError(LcmError, LookupError):
+    """An id does not exist in the caller's scope (or at all: the two are indistinguishable)."""
+
+
+class SchemaMismatchError(LcmError):
+    """The database schema is not the one this lcm version works with."""
+
+
+class DatabaseUnavailableError(LcmError):
+    """The database cannot be reached or opened (wrong URL, server down, bad credentials)."""
+
+
+class IntegrityViolation(LcmError):
+    """A write would break a storage invariant (coverage, contiguity, depth); nothing was written."""
+
+
+class ConcurrentUpdateError(IntegrityViolation):
+    """Another writer changed the same rows first (e.g. two engines compacting one session)."""

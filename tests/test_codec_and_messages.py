@@ -1,0 +1,146 @@
+"""Lossless encoding of text and messages (no database involved)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lcm import codec
+from lcm.errors import InvalidMessageError
+from lcm.messages import (
+    CONTENT_PAYLOAD,
+    PAYLOAD_MIN_CHARS,
+    chain_identity,
+    content_hash,
+    decode_message,
+    encode_message,
+    parse_timestamp,
+    uid_identity,
+)
+
+from tests.strategies import json_values, messages, nasty_text
+
+
+def _storable(s: str) -> bool:
+    """What both databases accept in a text column: no NUL, valid UTF-8."""
+    if "\x00" in s:
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@given(nasty_text)
+def test_text_roundtrip_and_storable(s):
+    stored = codec.encode_text(s)
+    assert _storable(stored)
+    assert codec.decode_text(stored) == s
+
+
+@given(json_values)
+def test_json_roundtrip_and_storable(v):
+    stored = codec.encode_json(v)
+    assert _storable(stored)
+    assert codec.decode_json(stored) == v
+
+
+def test_clean_text_is_stored_verbatim():
+    for s in ["hello", "数据库 café", "line\nbreak\ttab", ""]:
+        assert codec.encode_text(s) == s
+
+
+def test_split_surrogate_pair_is_not_merged_into_one_character():
+    split = "\ud83d\ude00"  # two code points, as json.loads may never produce but Python can
+    assert len(split) == 2
+    assert codec.decode_text(codec.encode_text(split)) == split
+    assert codec.decode_json(codec.encode_json([split])) == [split]
+    assert codec.decode_json(codec.encode_json(["😀"])) == ["😀"]
+
+
+def test_corrupt_escape_is_reported():
+    with pytest.raises(codec.CodecError):
+        codec.decode_text("\x01\x01x")
+
+
+def _rebuild(enc):
+    payload = enc.payload
+    return decode_message(role=enc.role, content_kind=enc.content_kind, content=enc.content,
+                          tool_calls=enc.tool_calls, tool_call_id=enc.tool_call_id, name=enc.name,
+                          extra=enc.extra, key_order=enc.key_order, payload=payload)
+
+
+@settings(max_examples=300)
+@given(messages())
+def test_message_roundtrip_keeps_every_key_value_and_order(msg):
+    enc = encode_message(msg)
+    for column in (enc.content, enc.tool_calls, enc.extra, enc.key_order, enc.payload):
+        assert column is None or _storable(column)
+    back = _rebuild(enc)
+    assert back == msg
+    assert list(back.keys()) == list(msg.keys())
+    assert json.dumps(back, ensure_ascii=True) == json.dumps(msg, ensure_ascii=True)
+
+
+def test_db_persisted_marker_is_stripped_and_not_part_of_identity():
+    a = {"role": "user", "content": "hi"}
+    b = {"role": "user", "content": "hi", "_db_persisted": True}
+    assert content_hash(a) == content_hash(b)
+    assert _rebuild(encode_message(b)) == a
+
+
+def test_key_order_does_not_change_identity_but_is_kept():
+    a = {"role": "tool", "content": "x", "tool_call_id": "c1"}
+    b = {"tool_call_id": "c1", "role": "tool", "content": "x"}
+    assert content_hash(a) == content_hash(b)
+    assert list(_rebuild(encode_message(b))) == ["tool_call_id", "role", "content"]
+    assert encode_message(a).key_order is None  # the usual order costs nothing
+
+
+def test_identity_chains_so_repeats_differ_and_resends_match():
+    h = content_hash({"role": "assistant", "content": "ok"})
+    first = chain_identity("", h)
+    second = chain_identity(first, h)
+    assert first != second
+    assert chain_identity("", h) == first
+    assert uid_identity("abc") == "u:abc"
+    assert uid_identity("x" * 500).startswith("u#")
+
+
+def test_large_bodies_move_to_a_payload():
+    big = "y" * (PAYLOAD_MIN_CHARS + 10)
+    enc = encode_message({"role": "tool", "tool_call_id": "c", "content": big})
+    assert enc.content_kind == CONTENT_PAYLOAD and enc.content is None
+    assert _rebuild(enc) == {"role": "tool", "tool_call_id": "c", "content": big}
+
+
+@pytest.mark.parametrize("bad", [
+    "not a dict", {"content": "no role"}, {"role": ""}, {"role": 5}, {"role": "x" * 100},
+    {"role": "user", "content": object()},
+])
+def test_non_messages_are_refused_with_a_clear_error(bad):
+    with pytest.raises(InvalidMessageError):
+        encode_message(bad)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (1700000000, 1700000000.0),
+    (1700000000123, 1700000000.123),
+    ("1700000000.5", 1700000000.5),
+    ("2024-01-01T00:00:00Z", 1704067200.0),
+    ("2024-01-01T02:00:00+02:00", 1704067200.0),
+    ("2024-01-01T00:00:00", 1704067200.0),  # naive: taken as UTC
+    ("yesterday", None), (None, None), (True, None), (float("nan"), None),
+])
+def test_host_timestamps(value, expected):
+    got = parse_timestamp(value)
+    assert got == pytest.approx(expected) if expected is not None else got is None
+
+
+@given(st.text())
+def test_parse_timestamp_never_raises(s):
+    parse_timestamp(s)
