@@ -1,0 +1,82 @@
+"""Alembic environment for lcm (one history for SQLite and PostgreSQL).
+
+The URL comes from, in order: the caller (``lcm db upgrade`` passes it in the config
+attributes), ``-x url=...``, ``LCM_DATABASE_URL``, the default SQLite file.
+
+Each run holds the database's write lock for its whole duration (``BEGIN IMMEDIATE`` on SQLite,
+a session-level advisory lock on PostgreSQL), so two processes upgrading at once run one after
+the other and the second finds nothing to do. DDL is transactional on both: a failed upgrade
+leaves the previous revision intact.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import text
+
+from lcm import db
+from lcm.migrations import ADVISORY_LOCK_KEY, VERSION_TABLE, include_object
+from lcm.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+if config.config_file_name is not None:  # the alembic CLI: log "Running upgrade ..." lines
+    from logging.config import fileConfig
+
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+
+def _url():
+    url = config.attributes.get("lcm_url")
+    if url is not None:
+        return url
+    return db.resolve_url(context.get_x_argument(as_dictionary=True).get("url"))
+
+
+def _configure(**kwargs) -> None:
+    context.configure(
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        include_object=include_object,
+        compare_type=True,
+        compare_server_default=False,
+        transactional_ddl=True,
+        **kwargs,
+    )
+
+
+def run_migrations_offline() -> None:
+    _configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    url = _url()
+    engine = db.standalone_engine(url)
+    try:
+        with engine.connect().execution_options(lcm_write=True) as connection:
+            _configure(connection=connection, render_as_batch=url.get_backend_name() == "sqlite")
+            postgres = connection.dialect.name == "postgresql"
+            if postgres:
+                # Session-level (not transaction-level): revisions may commit mid-way to build
+                # an index CONCURRENTLY, and the lock must hold until the whole run is done.
+                connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
+                connection.commit()
+            try:
+                with context.begin_transaction():
+                    context.run_migrations()
+            finally:
+                if postgres:
+                    connection.rollback()
+                    connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+                    connection.commit()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,149 @@
+"""Dialect-specific storage code. Nothing outside this package and the migrations knows which
+database is underneath: the repository (``lcm/store.py``) calls a :class:`Backend`.
+
+One class per dialect, one method per documented difference:
+
+==========================  ==============================  ===================================
+difference                  SQLite (``sqlite.py``)          PostgreSQL (``postgres.py``)
+==========================  ==============================  ===================================
+connection setup            WAL, busy timeout, FKs on,      pool pre-ping, connect timeout
+                            ``BEGIN IMMEDIATE`` for writes
+search index upkeep         FTS5 external content, triggers ``search_vector`` written at insert
+search query                FTS5 ``MATCH`` + ``bm25``       ``@@ tsquery`` + ``ts_rank_cd``
+integrity                   ``quick_check``, FTS5           catalog checks, vector recompute
+                            ``integrity-check``
+==========================  ==============================  ===================================
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sqlalchemy import Connection, Engine, Table
+from sqlalchemy.engine import URL
+
+from lcm.errors import ConfigError
+from lcm.records import Candidate, CheckResult
+from lcm.textindex import Query
+
+#: Candidate rows considered when a relevance order or a post-filter (time range, platform)
+#: applies: the newest matches, so the work per search is bounded whatever the history size.
+RANK_WINDOW = 1000
+FILTER_SCAN_CAP = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpec:
+    """A search as the backends execute it."""
+
+    query: Query
+    agent_pk: int
+    session_pk: int | None  # None: every session of the agent
+    roles: tuple[str, ...] = ()
+    time_from: float | None = None
+    time_to: float | None = None
+    platform: str | None = None
+    ranked: bool = False  # True: return the newest `window` matches with scores
+    limit: int = 10
+    window: int = RANK_WINDOW
+    scan_cap: int = FILTER_SCAN_CAP
+
+    @property
+    def has_post_filters(self) -> bool:
+        return self.time_from is not None or self.time_to is not None or self.platform is not None
+
+
+def role_token(role: str) -> str:
+    """The scope token for a role: hex of its UTF-8 bytes (any role string becomes one token)."""
+    return "r" + role.encode("utf-8").hex()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """What the search index needs for one row besides the row itself."""
+
+    body: str
+    session_pk: int
+    agent_pk: int
+    role: str | None = None
+
+
+class Backend(ABC):
+    """Everything that differs between the databases lcm supports."""
+
+    name: str
+    #: Pool settings for the shared, process-wide engine.
+    pool_options: dict[str, Any] = {}
+
+    @abstractmethod
+    def engine_options(self, url: URL) -> dict[str, Any]:
+        """Keyword arguments for ``sqlalchemy.create_engine`` (pool settings aside)."""
+
+    @abstractmethod
+    def configure_engine(self, engine: Engine) -> None:
+        """Attach per-connection setup (pragmas, transaction begin behaviour)."""
+
+    def prepare_location(self, url: URL) -> None:  # noqa: B027 - optional hook
+        """Create whatever must exist before the first connection (a SQLite file's folder)."""
+
+    @abstractmethod
+    def insert_rows(
+        self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+        index: Sequence[IndexRow] | None, returning: Sequence[str],
+    ) -> list[tuple[Any, ...]]:
+        """Insert rows (skipping unique conflicts) keeping the search index in step.
+
+        ``index`` is given for tables with a search index (messages, summaries): one entry per
+        row. Returns the ``returning`` columns of the rows actually inserted.
+        """
+
+    @abstractmethod
+    def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+                      conflict_columns: Sequence[str]) -> None:
+        """INSERT ... ON CONFLICT DO NOTHING."""
+
+    @abstractmethod
+    def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
+        """Matching message store ids, newest first (with scores when ``spec.ranked``).
+
+        Returns the candidates and whether the candidate window or scan cap was reached.
+        """
+
+    @abstractmethod
+    def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
+        """As :meth:`search_messages` for summary nodes (session and agent scope only)."""
+
+    @abstractmethod
+    def check_database(self, conn: Connection) -> list[CheckResult]:
+        """Low-level integrity of the database itself."""
+
+    @abstractmethod
+    def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
+        """Does the search index match the rows? ``deep`` checks every row (slow on big stores)."""
+
+    @abstractmethod
+    def rebuild_search_index(self, conn: Connection) -> dict[str, int]:
+        """Rebuild the search index from the rows; returns rows indexed per table."""
+
+    @abstractmethod
+    def optimize(self, conn: Connection) -> None:
+        """Refresh planner statistics (after a bulk import; routine upkeep otherwise)."""
+
+    @abstractmethod
+    def database_size(self, conn: Connection) -> int | None:
+        """Bytes on disk used by lcm's tables (None when unknown)."""
+
+
+def backend_for_url(url: URL) -> Backend:
+    name = url.get_backend_name()
+    if name == "sqlite":
+        from lcm.backends.sqlite import SQLiteBackend
+
+        return SQLiteBackend()
+    if name == "postgresql":
+        from lcm.backends.postgres import PostgresBackend
+
+        return PostgresBackend()
+    raise ConfigError(f"no lcm backend for database {name!r}")

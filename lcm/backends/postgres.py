@@ -1,0 +1,359 @@
+"""PostgreSQL: the shared backend for teams (a fleet of agents on one database).
+
+Search: each searchable table has a ``search_vector tsvector`` column with a GIN index (created
+by the Alembic revision, not declared in the shared models). The vector is written with the row,
+from lexemes lcm computes itself (``lcm.textindex.tokenize``, a mirror of SQLite's unicode61
+tokenizer) and passes as a literal ``tsvector``: PostgreSQL's own parser keeps ``alembic.ini`` or
+``/usr/bin/x`` as single tokens and drops ``<tags>``, so searching "alembic" would not find
+"alembic.ini" here while it would on SQLite. Scope lexemes (``§s<session>``, ``§a<agent>``,
+``§r<role hex>``; ``§`` never comes out of the tokenizer, so user text cannot forge them) ride in
+the same vector, and GIN intersects them with the query's lexemes before anything is ranked.
+Queries are literal ``tsquery`` values built from quoted lexemes: user text can never be a
+syntax error and never reaches SQL other than as a bound parameter.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from sqlalchemy import Column, Connection, Engine, MetaData, Table, cast, text
+from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import URL
+from sqlalchemy.sql import bindparam
+
+from lcm.backends import Backend, IndexRow, SearchSpec, role_token
+from lcm.records import Candidate, CheckResult
+from lcm.textindex import Query, Term, tokenize
+
+MAX_POSITION = 16383  # PostgreSQL clamps positions above this
+#: Phase 1 of a search looks at this many newest rows of the scope (see ``_search``).
+PROBE_ROWS = 2000
+#: Phase 2 (GIN over older rows) of a ranked or filtered search runs only below this estimate.
+PHASE2_MAX_MATCHES = 10_000
+MAX_POSITIONS_PER_LEXEME = 256
+SAMPLE_ROWS = 200
+REBUILD_BATCH = 2000
+SEARCHABLE = ("lcm_messages", "lcm_summaries")
+
+_indexed_tables: dict[int, Table] = {}
+
+
+def _quote(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def tsvector_literal(body: str, scope: Sequence[str]) -> str:
+    """A literal tsvector: the body's tokens with positions, plus positionless scope lexemes."""
+    positions: dict[str, list[int]] = defaultdict(list)
+    for pos, tok in enumerate(tokenize(body), start=1):
+        plist = positions[tok]
+        if len(plist) < MAX_POSITIONS_PER_LEXEME:
+            plist.append(min(pos, MAX_POSITION))
+    parts = [f"{_quote(tok)}:{','.join(map(str, sorted(set(p))))}" for tok, p in positions.items()]
+    parts.extend(_quote("§" + s) for s in scope)
+    return " ".join(parts)
+
+
+def _ts_term(term: Term) -> str:
+    lexemes = [_quote(t) for t in term.tokens]
+    if term.prefix:
+        lexemes[-1] += ":*"
+    return lexemes[0] if len(lexemes) == 1 else "(" + " <-> ".join(lexemes) + ")"
+
+
+def render_tsquery(query: Query, scope: Sequence[str] = (), roles: Sequence[str] = (),
+                   with_negatives: bool = True) -> str:
+    """The literal tsquery for a query restricted to scope lexemes."""
+    parts = []
+    for group in query.groups:
+        terms = [_ts_term(t) for t in group]
+        parts.append(terms[0] if len(terms) == 1 else "(" + " | ".join(terms) + ")")
+    parts.extend(_quote("§" + s) for s in scope)
+    if roles:
+        parts.append("(" + " | ".join(_quote("§" + role_token(r)) for r in roles) + ")")
+    if with_negatives:
+        parts.extend("!" + _ts_term(n) for n in query.negatives)
+    return " & ".join(parts)
+
+
+def scope_lexemes(row: IndexRow) -> list[str]:
+    scope = [f"s{row.session_pk}", f"a{row.agent_pk}"]
+    if row.role is not None:
+        scope.append(role_token(row.role))
+    return scope
+
+
+def _with_vector(table: Table) -> Table:
+    """The table as PostgreSQL has it: the shared columns plus ``search_vector``."""
+    key = id(table)
+    cached = _indexed_tables.get(key)
+    if cached is None:
+        copy = table.to_metadata(MetaData())
+        copy.append_column(Column("search_vector", TSVECTOR))
+        _indexed_tables[key] = cached = copy
+    return cached
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+    pool_options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+
+    def engine_options(self, url: URL) -> dict[str, Any]:
+        connect_args: dict[str, Any] = {"application_name": "lcm"}
+        if "connect_timeout" not in url.query:
+            connect_args["connect_timeout"] = 10
+        return {"connect_args": connect_args}
+
+    def configure_engine(self, engine: Engine) -> None:
+        """Nothing per connection: READ COMMITTED plus row locks is what the store relies on."""
+
+    # -- writes --------------------------------------------------------------------------
+
+    def insert_rows(self, conn, table, rows, index, returning):
+        if not rows:
+            return []
+        target = table
+        params = list(rows)
+        if index is not None:
+            target = _with_vector(table)
+            params = [
+                {**row, "lcm_vector": tsvector_literal(ix.body, scope_lexemes(ix))}
+                for row, ix in zip(rows, index, strict=True)
+            ]
+            stmt = pg_insert(target).values(
+                search_vector=cast(bindparam("lcm_vector"), TSVECTOR)
+            )
+        else:
+            stmt = pg_insert(target)
+        stmt = stmt.on_conflict_do_nothing().returning(*(target.c[name] for name in returning))
+        return [tuple(r) for r in conn.execute(stmt, params).all()]
+
+    def insert_ignore(self, conn, table, rows, conflict_columns):
+        if rows:
+            stmt = pg_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+            conn.execute(stmt, list(rows))
+
+    # -- search --------------------------------------------------------------------------
+
+    def _search(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
+                roles: Sequence[str]) -> tuple[list[Candidate], bool]:
+        """Two fenced phases, so no plan depends on the planner guessing term frequencies.
+
+        1. The newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the query:
+           common words are answered here.
+        2. Only if that found too few: the GIN index over the older rows. For a recency sort
+           this means the term is rare (fewer than ``limit`` hits in the probe), so the GIN
+           bitmap is small. For a ranked sort it runs only when phase 1's hit rate predicts at
+           most ``PHASE2_MAX_MATCHES`` older matches; otherwise the ranking covers the probe
+           window and the result says so (clamped).
+        """
+        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        params: dict[str, Any] = {"q": render_tsquery(spec.query, scope, roles),
+                                  "probe": PROBE_ROWS, "sid": spec.session_pk,
+                                  "aid": spec.agent_pk}
+        score = "NULL::real"
+        if spec.ranked:
+            params["bq"] = render_tsquery(spec.query, with_negatives=False)
+            score = "ts_rank_cd(t.search_vector, CAST(:bq AS tsquery), 1)"
+        need = spec.window if spec.ranked else spec.limit
+        filters, fparams = self._post_filters(spec, ts_col)
+        params.update(fparams)
+        platform_join = "JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else ""
+        # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
+        # (all sessions) by the primary key.
+        session_scoped = spec.session_pk is not None
+        order_col = "seq" if session_scoped and base == "lcm_messages" else "id"
+        where_scope = "WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid "
+        window = f"SELECT * FROM {base} {where_scope}ORDER BY {order_col} DESC LIMIT :probe"
+        # Phase 1: every match inside the recent window (unfiltered count = hit-rate sample).
+        # The predicate is applied to a LIMITed subquery, which no index can answer: the
+        # window is scanned row by row, whatever the statistics say.
+        rows = conn.execute(text(
+            f"SELECT t.id, {score}, ({' AND '.join(filters) or 'TRUE'}) AS keep "
+            f"FROM ({window}) t {platform_join}"
+            "WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.id DESC"), params).all()
+        found = [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:need]
+        if len(found) >= need:
+            return found, spec.ranked
+        floor_id, scanned = conn.execute(text(
+            f"SELECT min(id), count(*) FROM (SELECT id FROM {base} {where_scope}"
+            f"ORDER BY {order_col} DESC LIMIT :probe) w"), params).one()
+        if scanned < PROBE_ROWS or floor_id is None:
+            return found, False  # the window held the whole scope: nothing older to search
+        older_rows = self._older_rows(conn, base, spec, floor_id)
+        expected = len(rows) / scanned * older_rows  # phase 1's hit rate, applied to the rest
+        if (spec.ranked or filters) and expected > PHASE2_MAX_MATCHES:
+            return found, True
+        # Phase 2: the GIN index over the older rows. Only a bitmap scan is left to the
+        # planner (and `id + 0` keeps the primary key out of it), so a rare term costs its
+        # few matches, never a walk over the history.
+        params.update({"floor": floor_id, "need": need - len(found)})
+        with _only_bitmap_scans(conn):
+            more = conn.execute(text(
+                f"WITH g AS MATERIALIZED (SELECT id FROM {base} WHERE "
+                "search_vector @@ CAST(:q AS tsquery) AND id + 0 < :floor) "
+                f"SELECT t.id, {score} FROM g JOIN {base} t ON t.id = g.id {platform_join}"
+                f"{'WHERE ' + ' AND '.join(filters) if filters else ''} "
+                "ORDER BY t.id DESC LIMIT :need"), params).all()
+        found.extend(Candidate(int(r[0]), _score(r[1])) for r in more)
+        return found, spec.ranked and len(found) >= need
+
+    @staticmethod
+    def _post_filters(spec: SearchSpec, ts_col: str) -> tuple[list[str], dict[str, Any]]:
+        filters, params = [], {}
+        if spec.time_from is not None:
+            filters.append(f"t.{ts_col} >= :t0")
+            params["t0"] = spec.time_from
+        if spec.time_to is not None:
+            filters.append(f"t.{ts_col} <= :t1")
+            params["t1"] = spec.time_to
+        if spec.platform is not None:
+            filters.append("s.platform = :platform")
+            params["platform"] = spec.platform
+        return filters, params
+
+    @staticmethod
+    def _older_rows(conn: Connection, base: str, spec: SearchSpec, floor_id: int) -> int:
+        """Rows of the scope below the probe window, from counters rather than a scan."""
+        if base == "lcm_messages":
+            if spec.session_pk is not None:  # seq is gapless per session
+                return conn.execute(text("SELECT seq - 1 FROM lcm_messages WHERE id = :floor"),
+                                    {"floor": floor_id}).scalar_one()
+            total = conn.execute(text(
+                "SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :aid"),
+                {"aid": spec.agent_pk}).scalar_one()
+            return max(0, int(total) - PROBE_ROWS)
+        scope = "session_id = :sid" if spec.session_pk is not None else "agent_id = :aid"
+        return conn.execute(text(  # summaries are few
+            f"SELECT count(*) FROM {base} WHERE {scope} AND id < :floor"),
+            {"sid": spec.session_pk, "aid": spec.agent_pk, "floor": floor_id}).scalar_one()
+
+    def search_messages(self, conn, spec):
+        return self._search(conn, spec, "lcm_messages", "ts", spec.roles)
+
+    def search_summaries(self, conn, spec):
+        return self._search(conn, spec, "lcm_summaries", "latest_at", ())
+
+    # -- integrity -----------------------------------------------------------------------
+
+    def check_database(self, conn):
+        out = []
+        version = conn.exec_driver_sql("SHOW server_version").scalar()
+        out.append(CheckResult("postgres_server", "ok", f"PostgreSQL {version}, reachable"))
+        bad = conn.execute(text(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_class t ON t.oid = i.indrelid "
+            "WHERE t.relname LIKE 'lcm\\_%' AND t.relnamespace = "
+            "  (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+            "AND NOT (i.indisvalid AND i.indisready)")).scalars().all()
+        out.append(CheckResult(
+            "postgres_indexes", "fail" if bad else "ok",
+            f"invalid indexes (rebuild with REINDEX): {', '.join(bad)}" if bad
+            else "all lcm indexes valid and ready"))
+        missing = [t for t in SEARCHABLE if not conn.execute(text(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = :t AND column_name = 'search_vector'"), {"t": t}).first()]
+        out.append(CheckResult(
+            "postgres_search_columns", "fail" if missing else "ok",
+            f"missing search_vector on {', '.join(missing)} (run `lcm db upgrade`)" if missing
+            else "search_vector columns present"))
+        return out
+
+    def _index_batches(self, conn: Connection, base: str, newest: int | None):
+        """Batches of (id, expected tsvector literal), paged by id (bounded memory)."""
+        role = "t.role" if base == "lcm_messages" else "NULL"
+        sql = (f"SELECT t.id, coalesce(t.search_text, t.content), t.session_id, t.agent_id, {role} "
+               f"FROM {base} t ")
+
+        def expected(rows) -> list[tuple[int, str]]:
+            out = []
+            for row_id, body, session_pk, agent_pk, role_value in rows:
+                ix = IndexRow(body=body or "", session_pk=session_pk, agent_pk=agent_pk,
+                              role=role_value)
+                out.append((row_id, tsvector_literal(ix.body, scope_lexemes(ix))))
+            return out
+
+        if newest is not None:
+            rows = conn.execute(text(sql + "ORDER BY t.id DESC LIMIT :n"), {"n": newest}).all()
+            if rows:
+                yield expected(rows)
+            return
+        after = 0
+        while True:
+            rows = conn.execute(text(sql + "WHERE t.id > :after ORDER BY t.id LIMIT :n"),
+                                {"after": after, "n": REBUILD_BATCH}).all()
+            if not rows:
+                return
+            yield expected(rows)
+            after = rows[-1][0]
+
+    def check_search_index(self, conn, deep):
+        out = []
+        for base in SEARCHABLE:
+            kind = base.removeprefix("lcm_")
+            nulls = conn.execute(text(
+                f"SELECT count(*) FROM {base} WHERE search_vector IS NULL")).scalar_one()
+            problems = [f"{nulls} {kind} have no search vector"] if nulls else []
+            mismatched = checked = 0
+            for batch in self._index_batches(conn, base, None if deep else SAMPLE_ROWS):
+                mismatched += self._count_mismatches(conn, base, batch)
+                checked += len(batch)
+            if mismatched:
+                problems.append(f"{mismatched} of {checked} checked {kind} have a stale search vector")
+            how = "every row" if deep else f"the newest {SAMPLE_ROWS} rows"
+            out.append(CheckResult(f"search_index_{kind}", "fail" if problems else "ok",
+                                   "; ".join(problems) if problems else f"in sync: {how}"))
+        return out
+
+    def _count_mismatches(self, conn: Connection, base: str, batch: list[tuple[int, str]]) -> int:
+        return conn.execute(text(
+            f"SELECT count(*) FROM {base} t JOIN unnest(CAST(:ids AS bigint[]), CAST(:vecs AS text[])) "
+            "AS e(id, vec) ON e.id = t.id "
+            "WHERE t.search_vector IS DISTINCT FROM CAST(e.vec AS tsvector)"),
+            {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]}).scalar_one()
+
+    def rebuild_search_index(self, conn):
+        counts = {}
+        for base in SEARCHABLE:
+            counts[base.removeprefix("lcm_")] = sum(
+                self._write_vectors(conn, base, batch) for batch in self._index_batches(conn, base, None))
+        return counts
+
+    def _write_vectors(self, conn: Connection, base: str, batch: list[tuple[int, str]]) -> int:
+        conn.execute(text(
+            f"UPDATE {base} t SET search_vector = CAST(e.vec AS tsvector) "
+            "FROM unnest(CAST(:ids AS bigint[]), CAST(:vecs AS text[])) AS e(id, vec) "
+            "WHERE e.id = t.id"),
+            {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]})
+        return len(batch)
+
+    def optimize(self, conn):
+        # Without statistics the planner cannot tell a needle from the most common word and
+        # may rank every match; autovacuum refreshes them later, a bulk import should now.
+        conn.exec_driver_sql("ANALYZE lcm_sessions, lcm_messages, lcm_summaries, lcm_summary_sources")
+
+    def database_size(self, conn):
+        return int(conn.execute(text(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relkind = 'r' AND c.relname LIKE 'lcm\\_%' "
+            "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+        )).scalar_one())
+
+
+@contextmanager
+def _only_bitmap_scans(conn: Connection) -> Iterator[None]:
+    """Within the current transaction, plan the next statements with bitmap scans only."""
+    conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+    conn.exec_driver_sql("SET LOCAL enable_indexscan = off")
+    try:
+        yield
+    finally:
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = on")
+        conn.exec_driver_sql("SET LOCAL enable_indexscan = on")
+
+
+def _score(raw: Any) -> float | None:
+    return None if raw is None else float(raw)

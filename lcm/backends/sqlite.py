@@ -1,0 +1,244 @@
+"""SQLite: the embedded default (one user, zero setup).
+
+Connections run in WAL mode with a busy timeout and foreign keys on. The driver is put in
+autocommit mode and lcm issues ``BEGIN`` itself: ``BEGIN IMMEDIATE`` for writes (a deferred
+transaction that later writes gets ``SQLITE_BUSY`` at once, ignoring the busy timeout) and a
+plain ``BEGIN`` for reads (a consistent snapshot).
+
+Search: FTS5 external-content tables (``lcm_messages_fts``, ``lcm_summaries_fts``) over views
+that expose each row's indexed body (``search_text`` when set, else ``content``) and a ``scope``
+column of tokens (``s<session>``, ``a<agent>``, ``r<role hex>``). Triggers keep them in step
+(created by the Alembic revision). Queries put the scope into the ``MATCH`` expression, so FTS5
+intersects posting lists instead of ranking every match, and walk ``ORDER BY rowid DESC`` so a
+recency search stops after ``limit`` rows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DatabaseError, OperationalError
+
+from lcm.backends import Backend, SearchSpec, role_token
+from lcm.records import Candidate, CheckResult
+from lcm.textindex import Query, Term
+
+BUSY_TIMEOUT_MS = int(os.environ.get("LCM_SQLITE_BUSY_TIMEOUT_MS", "30000"))
+SAMPLE_ROWS = 200
+
+_FTS = {"messages": "lcm_messages_fts", "summaries": "lcm_summaries_fts"}
+
+
+def _fts5_term(term: Term) -> str:
+    phrase = 'body:"' + term.raw.replace('"', '""') + '"'
+    return phrase + "*" if term.prefix else phrase
+
+
+def render_match(query: Query, scope: Sequence[str], roles: Sequence[str] = ()) -> str:
+    """The FTS5 MATCH expression for a query restricted to scope tokens (never a syntax error:
+    every user-derived string is a quoted phrase with quotes doubled)."""
+    parts: list[str] = []
+    for group in query.groups:
+        terms = [_fts5_term(t) for t in group]
+        parts.append(terms[0] if len(terms) == 1 else "(" + " OR ".join(terms) + ")")
+    parts.extend(f'scope:"{tok}"' for tok in scope)
+    if roles:
+        parts.append("(" + " OR ".join(f'scope:"{role_token(r)}"' for r in roles) + ")")
+    expr = "(" + " AND ".join(parts) + ")"
+    for neg in query.negatives:
+        expr += " NOT " + _fts5_term(neg)
+    return expr
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+    pool_options = {"pool_size": 8, "max_overflow": 8}
+
+    def engine_options(self, url: URL) -> dict[str, Any]:
+        return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000.0, "check_same_thread": False}}
+
+    def prepare_location(self, url: URL) -> None:
+        Path(str(url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+    def configure_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # lcm issues BEGIN itself (see module docstring)
+            cur = dbapi_conn.cursor()
+            try:
+                cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                cur.execute("PRAGMA foreign_keys = ON")
+                mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    cur.execute("PRAGMA journal_mode = WAL")
+                cur.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable, never corrupt
+                cur.execute("PRAGMA temp_store = MEMORY")
+            finally:
+                cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = "IMMEDIATE" if conn.get_execution_options().get("lcm_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    # -- writes --------------------------------------------------------------------------
+
+    def insert_rows(self, conn, table, rows, index, returning):
+        if not rows:
+            return []
+        # The FTS5 triggers index the row from its own columns; `index` is not needed here.
+        stmt = (
+            sqlite_insert(table)
+            .on_conflict_do_nothing()
+            .returning(*(table.c[name] for name in returning))
+        )
+        return [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
+
+    def insert_ignore(self, conn, table, rows, conflict_columns):
+        if rows:
+            stmt = sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+            conn.execute(stmt, list(rows))
+
+    # -- search --------------------------------------------------------------------------
+
+    def _search(self, conn: Connection, spec: SearchSpec, kind: str) -> tuple[list[Candidate], bool]:
+        fts = _FTS[kind]
+        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
+        score = f", bm25({fts}, 1.0, 0.0) AS score" if spec.ranked else ", NULL AS score"
+        want = spec.window if spec.ranked else spec.limit
+        if not spec.has_post_filters:
+            sql = (f"SELECT rowid AS id{score} FROM {fts} WHERE {fts} MATCH :match "
+                   "ORDER BY rowid DESC LIMIT :want")
+            rows = conn.execute(text(sql), {"match": match, "want": want}).all()
+            clamped = spec.ranked and len(rows) >= want
+            return [Candidate(int(r[0]), _score(r[1])) for r in rows], clamped
+        base, ts_col = (("lcm_messages", "ts") if kind == "messages" else ("lcm_summaries", "latest_at"))
+        filters, params = [], {"match": match, "want": want, "cap": spec.scan_cap}
+        if spec.time_from is not None:
+            filters.append(f"t.{ts_col} >= :t0")
+            params["t0"] = spec.time_from
+        if spec.time_to is not None:
+            filters.append(f"t.{ts_col} <= :t1")
+            params["t1"] = spec.time_to
+        if spec.platform is not None:
+            filters.append("s.platform = :platform")
+            params["platform"] = spec.platform
+        sql = (
+            f"WITH c AS (SELECT rowid AS id{score} FROM {fts} WHERE {fts} MATCH :match "
+            "ORDER BY rowid DESC LIMIT :cap) "
+            f"SELECT c.id, c.score FROM c JOIN {base} t ON t.id = c.id "
+            "JOIN lcm_sessions s ON s.id = t.session_id "
+            f"WHERE {' AND '.join(filters)} ORDER BY c.id DESC LIMIT :want"
+        )
+        rows = conn.execute(text(sql), params).all()
+        clamped = False
+        if len(rows) < want:
+            inner = conn.execute(
+                text(f"SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH :match "
+                     "LIMIT :cap)"), params).scalar_one()
+            clamped = inner >= spec.scan_cap
+        else:
+            clamped = spec.ranked
+        return [Candidate(int(r[0]), _score(r[1])) for r in rows], clamped
+
+    def search_messages(self, conn, spec):
+        return self._search(conn, spec, "messages")
+
+    def search_summaries(self, conn, spec):
+        return self._search(conn, spec, "summaries")
+
+    # -- integrity -----------------------------------------------------------------------
+
+    def check_database(self, conn):
+        rows = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check").all()]
+        journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+        out = []
+        if rows == ["ok"]:
+            out.append(CheckResult("sqlite_quick_check", "ok", "PRAGMA quick_check: ok"))
+        else:
+            out.append(CheckResult("sqlite_quick_check", "fail",
+                                   "PRAGMA quick_check: " + "; ".join(map(str, rows[:5]))))
+        fk = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+        out.append(CheckResult("sqlite_foreign_keys", "ok" if not fk else "fail",
+                               "no dangling references" if not fk else
+                               f"{len(fk)} rows reference missing rows (first: {tuple(fk[0])})"))
+        out.append(CheckResult("sqlite_journal_mode", "ok" if str(journal).lower() == "wal" else "warn",
+                               f"journal_mode={journal}" + ("" if str(journal).lower() == "wal" else
+                               " (WAL is needed for concurrent readers and writers)")))
+        return out
+
+    def check_search_index(self, conn, deep):
+        out = []
+        for kind, fts in _FTS.items():
+            base = f"lcm_{kind}"
+            rows = conn.exec_driver_sql(f"SELECT count(*) FROM {base}").scalar_one()
+            indexed = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
+            problems = []
+            if rows != indexed:
+                problems.append(f"{indexed} indexed rows for {rows} {kind}")
+            if deep:
+                try:
+                    conn.exec_driver_sql(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', 1)")
+                except (DatabaseError, OperationalError) as exc:
+                    problems.append(f"FTS5 integrity-check failed: {str(exc.orig).splitlines()[0]}")
+            else:
+                problems.extend(self._spot_check(conn, kind, fts))
+            how = "every row (FTS5 integrity-check)" if deep else f"counts and the newest {SAMPLE_ROWS} rows"
+            out.append(CheckResult(f"search_index_{kind}", "fail" if problems else "ok",
+                                   "; ".join(problems) if problems else f"in sync: {how}"))
+        return out
+
+    def _spot_check(self, conn: Connection, kind: str, fts: str) -> list[str]:
+        """Each of the newest rows must be found by the first token of its own indexed body."""
+        from lcm.textindex import tokenize
+
+        src = f"{fts}_src"
+        rows = conn.exec_driver_sql(
+            f"SELECT id, body, scope FROM {src} ORDER BY id DESC LIMIT {SAMPLE_ROWS}").all()
+        missing = []
+        for row_id, body, scope in rows:
+            toks = tokenize(body or "")
+            if not toks:
+                continue
+            match = f'body:"{toks[0]}" AND scope:"{scope.split()[0]}"'
+            found = conn.execute(
+                text(f"SELECT 1 FROM {fts} WHERE {fts} MATCH :m AND rowid = :id"),
+                {"m": match, "id": row_id}).first()
+            if found is None:
+                missing.append(row_id)
+        return [f"{len(missing)} of the newest {kind} not found by their own words "
+                f"(ids {missing[:5]})"] if missing else []
+
+    def rebuild_search_index(self, conn):
+        counts = {}
+        for kind, fts in _FTS.items():
+            conn.exec_driver_sql(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
+            counts[kind] = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
+        return counts
+
+    def optimize(self, conn):
+        conn.exec_driver_sql("PRAGMA optimize")
+
+    def database_size(self, conn):
+        db = conn.exec_driver_sql("PRAGMA database_list").all()
+        path = next((r[2] for r in db if r[1] == "main"), None)
+        if not path:
+            return None
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.path.getsize(path + suffix)
+            except OSError:
+                pass
+        return total
+
+
+def _score(raw: Any) -> float | None:
+    # bm25() is lower-is-better; lcm reports higher-is-better scores.
+    return None if raw is None else -float(raw)

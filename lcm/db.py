@@ -1,0 +1,131 @@
+"""Database URLs and the process-wide registry of SQLAlchemy engines.
+
+One engine per URL per process: every ``Store`` (and every deep-copied context engine inside a
+host) opened on the same URL shares one connection pool. After ``os.fork()`` the child drops the
+parent's pooled connections (a connection must never be used by two processes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import NullPool
+
+from lcm.errors import ConfigError
+
+_registry: dict[str, Engine] = {}
+_lock = threading.Lock()
+
+
+def default_sqlite_path() -> Path:
+    """``lcm.db`` under the Hermes home when running inside Hermes, else under ``~/.lcm``."""
+    hermes_home = os.environ.get("HERMES_HOME")
+    base = Path(hermes_home) if hermes_home else Path.home() / ".lcm"
+    return base / "lcm.db"
+
+
+def resolve_url(url: str | None = None) -> URL:
+    """The SQLAlchemy URL to use: the argument, else ``LCM_DATABASE_URL``, else the default file.
+
+    ``postgres://`` and ``postgresql://`` are read as ``postgresql+psycopg://`` (psycopg 3 is
+    the driver lcm ships with); a bare filesystem path is read as a SQLite file.
+    """
+    raw = url if url is not None else os.environ.get("LCM_DATABASE_URL") or None
+    if raw is None:
+        return URL.create("sqlite", database=str(default_sqlite_path()))
+    raw = raw.strip()
+    if "://" not in raw:
+        return URL.create("sqlite", database=str(Path(raw).expanduser()))
+    try:
+        parsed = make_url(raw)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(f"LCM_DATABASE_URL is not a valid database URL: {raw!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend in ("postgres", "postgresql"):
+        driver = parsed.drivername.partition("+")[2]
+        if driver not in ("", "psycopg"):
+            raise ConfigError(
+                f"unsupported PostgreSQL driver {driver!r}: lcm uses psycopg 3 "
+                "(postgresql+psycopg://user@host/dbname)"
+            )
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:") or str(parsed.database).startswith("file:"):
+            raise ConfigError(
+                "lcm needs a SQLite file (sqlite:///path/to/lcm.db); in-memory databases "
+                "cannot be shared between connections"
+            )
+        return parsed.set(database=str(Path(parsed.database).expanduser()))
+    raise ConfigError(
+        f"unsupported database {backend!r}: use sqlite:///path/to/lcm.db or "
+        "postgresql+psycopg://user@host/dbname"
+    )
+
+
+def display_url(url: URL) -> str:
+    """The URL with any password hidden (for status output and error messages)."""
+    if url.get_backend_name() == "sqlite":
+        return str(url.database)
+    return url.render_as_string(hide_password=True)
+
+
+def get_engine(url: URL) -> Engine:
+    """The shared engine for ``url``, created and configured on first use."""
+    key = url.render_as_string(hide_password=False)
+    with _lock:
+        engine = _registry.get(key)
+        if engine is None:
+            engine = _create(url)
+            _registry[key] = engine
+        return engine
+
+
+def _create(url: URL, *, pooled: bool = True) -> Engine:
+    from lcm.backends import backend_for_url
+
+    backend = backend_for_url(url)
+    backend.prepare_location(url)
+    options = backend.engine_options(url)
+    if pooled:
+        options.update(backend.pool_options)
+    else:
+        options["poolclass"] = NullPool
+    engine = create_engine(url, **options)
+    backend.configure_engine(engine)
+    return engine
+
+
+def standalone_engine(url: URL) -> Engine:
+    """An unpooled engine with lcm's connection setup (migrations, one-off tools)."""
+    return _create(url, pooled=False)
+
+
+def dispose(url: URL) -> None:
+    """Close and forget the shared engine for ``url`` (a test's database going away)."""
+    with _lock:
+        engine = _registry.pop(url.render_as_string(hide_password=False), None)
+    if engine is not None:
+        engine.dispose()
+
+
+def dispose_all() -> None:
+    """Close every pooled connection (tests, and hosts shutting down)."""
+    with _lock:
+        engines = list(_registry.values())
+        _registry.clear()
+    for engine in engines:
+        engine.dispose()
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_registry.values()):
+        engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

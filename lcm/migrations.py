@@ -1,0 +1,115 @@
+"""Alembic, driven from inside lcm: locate the migrations, read and change the schema version.
+
+The history lives in ``alembic/`` at the repository root (``alembic upgrade head`` with the
+root ``alembic.ini``) and is packaged into the wheel as ``lcm/_migrations`` so an installed lcm
+can create and upgrade databases (``lcm db upgrade``) without a checkout.
+
+Opening a store must stay fast on big databases, so the version check reads the version table
+directly and compares it with :data:`KNOWN_REVISIONS` (a test keeps that tuple equal to the
+Alembic history); Alembic itself is only imported when something has to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, inspect, text
+from sqlalchemy.engine import URL
+
+#: Every revision of the history, oldest first. Append here when adding a revision.
+KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index")
+HEAD = KNOWN_REVISIONS[-1]
+VERSION_TABLE = "lcm_alembic_version"
+#: Key of the PostgreSQL advisory lock that serialises concurrent `lcm db upgrade` runs.
+ADVISORY_LOCK_KEY = 0x6C636D  # "lcm"
+
+
+def script_location() -> Path:
+    """The directory holding env.py and versions/ (installed package first, then checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "alembic"):
+        if (candidate / "env.py").is_file() and (candidate / "versions").is_dir():
+            return candidate
+    raise RuntimeError(
+        "lcm's database migrations are missing from this installation; reinstall the package"
+    )
+
+
+def alembic_config(url: URL) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location()))
+    cfg.attributes["lcm_url"] = url
+    return cfg
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Autogenerate filter: leave out objects only one dialect has (FTS5 tables, tsvectors)."""
+    from lcm.models import DIALECT_ONLY_OBJECTS
+
+    if name is None:
+        return True
+    if name in DIALECT_ONLY_OBJECTS or name.startswith(("lcm_messages_fts", "lcm_summaries_fts")):
+        return False
+    if type_ == "table" and name == VERSION_TABLE:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    current: str | None
+    head: str
+
+    @property
+    def status(self) -> str:
+        """``current``, ``empty`` (no lcm schema), ``behind`` or ``unknown`` (newer lcm)."""
+        if self.current == self.head:
+            return "current"
+        if self.current is None:
+            return "empty"
+        if self.current in KNOWN_REVISIONS:
+            return "behind"
+        return "unknown"
+
+
+def current_revision(conn: Connection) -> str | None:
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(rows) > 1:
+        return ",".join(sorted(rows))
+    return rows[0] if rows else None
+
+
+def schema_state(conn: Connection) -> SchemaState:
+    return SchemaState(current=current_revision(conn), head=HEAD)
+
+
+def upgrade(url: URL, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: URL, revision: str) -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)
+
+
+def history() -> list[dict[str, str | None]]:
+    """The revisions of the packaged history, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    cfg = alembic_config(URL.create("sqlite"))
+    scripts = ScriptDirectory.from_config(cfg)
+    revs = list(scripts.walk_revisions())
+    revs.reverse()
+    return [
+        {"revision": r.revision, "down_revision": r.down_revision, "message": r.doc}
+        for r in revs
+    ]

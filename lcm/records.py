@@ -1,0 +1,196 @@
+"""Plain records the repository returns and accepts.
+
+Nothing outside ``lcm/store.py`` and ``lcm/backends`` sees SQLAlchemy rows or sessions: the rest
+of lcm works with these immutable values, which makes compaction, assembly and the tools
+testable without a database and keeps them unaware of the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CheckStatus = Literal["ok", "warn", "fail"]
+SortMode = Literal["recency", "relevance", "hybrid"]
+SORT_MODES: tuple[str, ...] = ("recency", "relevance", "hybrid")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: int
+    agent: str
+    agent_pk: int
+    session_key: str
+    platform: str | None
+    conversation_id: str | None
+    created_at: float
+    updated_at: float
+    last_seq: int
+    message_count: int
+    token_count: int
+    covered_seq: int
+    covered_tokens: int
+
+    @property
+    def raw_tokens(self) -> int:
+        """Tokens of the messages not yet covered by a leaf summary."""
+        return self.token_count - self.covered_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMeta:
+    """A stored message without its body: what alignment and planning need."""
+
+    store_id: int
+    seq: int
+    identity: str
+    content_hash: str
+    role: str
+    token_count: int
+    ts: float
+    tool_call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A stored message with its exact original body."""
+
+    store_id: int
+    session_pk: int
+    session_key: str
+    seq: int
+    role: str
+    ts: float
+    token_count: int
+    message: dict[str, Any]
+
+    def to_item(self) -> dict[str, Any]:
+        """The contract's message item."""
+        return {
+            "store_id": self.store_id,
+            "session_id": self.session_key,
+            "seq": self.seq,
+            "timestamp": self.ts,
+            "token_count": self.token_count,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append did: each input message's stored id, and whether it was new."""
+
+    session: SessionRecord
+    store_ids: tuple[int, ...]
+    new_flags: tuple[bool, ...]
+    last_identity: str
+
+    @property
+    def inserted(self) -> int:
+        return sum(self.new_flags)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.new_flags) - self.inserted
+
+
+@dataclass(frozen=True, slots=True)
+class NewSummary:
+    """A summary to write: ``source_ids`` are message store ids (depth 0) or node ids."""
+
+    depth: int
+    content: str
+    token_count: int
+    source_ids: tuple[int, ...]
+    kind: str
+    expand_hint: str = ""
+    model: str | None = None
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRecord:
+    id: int
+    session_pk: int
+    depth: int
+    content: str
+    token_count: int
+    source_token_count: int
+    source_count: int
+    first_seq: int
+    last_seq: int
+    earliest_at: float
+    latest_at: float
+    expand_hint: str
+    kind: str
+    model: str | None
+    parent_id: int | None
+    meta: dict[str, Any] | None
+    created_at: float
+
+    @property
+    def source_type(self) -> str:
+        return "messages" if self.depth == 0 else "nodes"
+
+
+@dataclass(frozen=True, slots=True)
+class DepthStats:
+    depth: int
+    count: int
+    uncondensed: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawRegion:
+    """The messages of a session not yet covered by a leaf: ``first_seq..last_seq``."""
+
+    session_pk: int
+    first_seq: int
+    last_seq: int
+    count: int
+    tokens: int
+
+    @property
+    def empty(self) -> bool:
+        return self.count == 0
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    kind: Literal["message", "summary"]
+    id: int  # store id for messages, node id for summaries
+    session_pk: int
+    session_key: str
+    ts: float
+    snippet: str
+    score: float | None = None  # higher is better; only for relevance/hybrid sorts
+    role: str | None = None
+    depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    hits: list[SearchHit]
+    #: True when more rows matched than were considered for ranking or filtering, so a
+    #: relevance order or a filtered result covers only the newest candidates.
+    candidates_clamped: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A search match before its row is loaded: id and (for ranked sorts) score."""
+
+    id: int
+    score: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    status: CheckStatus
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}

@@ -1,0 +1,1006 @@
+"""The repository: the only way lcm touches the database.
+
+Compaction, assembly and the tools call these methods and get plain records back
+(``lcm.records``); which database is underneath is the business of ``lcm.backends``.
+
+Concurrency model. Every write runs in one short transaction that first locks the session row
+(``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already holds the
+database write lock), so appends and summary writes to one session are serialised while
+different sessions proceed in parallel on PostgreSQL. Expensive preparation (encoding, token
+counting, compression) happens before the transaction starts; LLM calls never happen here.
+
+Idempotent ingest. A message's identity is the host's ``message_uid`` when present, else its
+content hash chained to the identity of the message before it (``lcm.messages``), and
+``UNIQUE(session_id, identity)`` is the backstop: re-sending a transcript stores nothing twice,
+while the same text sent twice in a row is two messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from sqlalchemy import Connection, Engine, and_, case, func, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from lcm import codec, db, migrations
+from lcm.backends import IndexRow, SearchSpec, backend_for_url
+from lcm.errors import (
+    ConcurrentUpdateError,
+    DatabaseUnavailableError,
+    IntegrityViolation,
+    NotFoundError,
+    SchemaMismatchError,
+)
+from lcm.messages import CONTENT_TEXT, EncodedMessage, chain_identity, decode_message
+from lcm.messages import encode_message, message_text, uid_identity
+from lcm.models import Agent, Message, Payload, Session, Summary, SummarySource
+from lcm.records import (
+    SORT_MODES,
+    AppendResult,
+    Candidate,
+    CheckResult,
+    DepthStats,
+    MessageMeta,
+    MessageRecord,
+    NewSummary,
+    RawRegion,
+    SearchHit,
+    SearchResult,
+    SessionRecord,
+    SummaryRecord,
+)
+from lcm.textindex import index_body, make_snippet, parse_query
+from lcm.tokens import TokenCounter
+
+MAX_SEARCH_LIMIT = 200
+MAX_PAGE_LIMIT = 1000
+IN_CHUNK = 500
+HYBRID_RRF_K = 60
+PAYLOAD_CODEC = "zlib"
+
+messages_t = Message.__table__
+sessions_t = Session.__table__
+agents_t = Agent.__table__
+summaries_t = Summary.__table__
+edges_t = SummarySource.__table__
+payloads_t = Payload.__table__
+
+
+def _chunks(items: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _short_text(field: str, value: Any, max_chars: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > max_chars or not codec.is_clean(value):
+        raise ValueError(f"{field} must be a non-empty string of at most {max_chars} ordinary characters")
+    return value
+
+
+def _int_arg(field: str, value: Any, *, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{field} must be {bound}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    encoded: EncodedMessage
+    token_count: int
+    search_text: str | None
+    body: str
+    payload: tuple[str, bytes, int] | None  # sha256, compressed data, size in chars
+
+
+class Store:
+    """A handle on one lcm database. Cheap to share; safe to use from several threads."""
+
+    def __init__(self, url: URL, engine: Engine, *, token_counter: TokenCounter | None = None):
+        self.url = url
+        self.engine = engine
+        self.backend = backend_for_url(url)
+        self.tokens = token_counter or TokenCounter()
+        self._agents: dict[str, int] = {}
+        self._agent_names: dict[int, str] = {}
+        #: Test hook: called with a step name inside write transactions (crash injection).
+        self._on_write_step: Callable[[str], None] | None = None
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(
+        cls,
+        url: str | URL | None = None,
+        *,
+        upgrade: bool | None = None,
+        token_counter: TokenCounter | None = None,
+    ) -> "Store":
+        """Open (and for SQLite create or upgrade) the lcm database at ``url``.
+
+        ``upgrade=None`` (the default) upgrades a SQLite file automatically and refuses a
+        PostgreSQL schema that is not at this lcm's head (run ``lcm db upgrade``: on a shared
+        server, schema changes are an operator's decision). ``upgrade=True`` upgrades either;
+        ``upgrade=False`` never does.
+        """
+        resolved = url if isinstance(url, URL) else db.resolve_url(url)
+        engine = db.get_engine(resolved)
+        store = cls(resolved, engine, token_counter=token_counter)
+        state = store._schema_state()
+        if state.status == "current":
+            return store
+        where = db.display_url(resolved)
+        if state.status == "unknown":
+            raise SchemaMismatchError(
+                f"the database at {where} has schema revision {state.current}, which this lcm "
+                f"does not know (it was created by a newer lcm): upgrade lcm"
+            )
+        auto = upgrade if upgrade is not None else resolved.get_backend_name() == "sqlite"
+        if not auto:
+            found = "no lcm schema" if state.current is None else f"schema revision {state.current}"
+            raise SchemaMismatchError(
+                f"the database at {where} has {found}; this lcm needs {state.head}: "
+                "run `lcm db upgrade` (or `alembic upgrade head`) first"
+            )
+        migrations.upgrade(resolved)
+        return store
+
+    def _schema_state(self) -> migrations.SchemaState:
+        try:
+            with self.engine.connect() as conn:
+                return migrations.schema_state(conn)
+        except (OperationalError, ProgrammingError) as exc:
+            raise DatabaseUnavailableError(
+                f"cannot open the lcm database at {db.display_url(self.url)}: {_first_line(exc)}"
+            ) from exc
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def location(self) -> str:
+        """Where the data lives (a file path, or the URL without its password)."""
+        return db.display_url(self.url)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "Store":
+        return self  # a store is a shared handle on a process-wide engine, never copied
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        try:
+            with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+                yield conn
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"write to {self.location} failed: {_first_line(exc)}"
+            ) from exc
+
+    def _step(self, name: str) -> None:
+        if self._on_write_step is not None:
+            self._on_write_step(name)
+
+    # ------------------------------------------------------------------ agents and sessions
+
+    def _agent_pk(self, conn: Connection, agent: str, *, create: bool) -> int | None:
+        _short_text("agent id", agent, 128)
+        pk = self._agents.get(agent)
+        if pk is not None:
+            return pk
+        pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar()
+        if pk is None and create:
+            self.backend.insert_ignore(conn, agents_t, [{"name": agent, "created_at": time.time()}], ["name"])
+            pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar_one()
+        if pk is not None:
+            self._agents[agent] = pk
+            self._agent_names[pk] = agent
+        return pk
+
+    def _session_select(self):
+        return select(sessions_t, agents_t.c.name.label("agent_name")).join(
+            agents_t, agents_t.c.id == sessions_t.c.agent_id
+        )
+
+    @staticmethod
+    def _session_record(row: Any) -> SessionRecord:
+        m = row._mapping
+        return SessionRecord(
+            id=m["id"], agent=m["agent_name"], agent_pk=m["agent_id"], session_key=m["session_key"],
+            platform=m["platform"], conversation_id=m["conversation_id"],
+            created_at=m["created_at"], updated_at=m["updated_at"], last_seq=m["last_seq"],
+            message_count=m["message_count"], token_count=m["token_count"],
+            covered_seq=m["covered_seq"], covered_tokens=m["covered_tokens"],
+        )
+
+    def get_or_create_session(
+        self, agent: str, session_key: str, *, platform: str | None = None,
+        conversation_id: str | None = None,
+    ) -> SessionRecord:
+        """The session ``session_key`` of ``agent``, created on first use.
+
+        ``platform`` and ``conversation_id`` fill in values the session does not have yet;
+        values already recorded are kept (a session's source never changes under its rows).
+        """
+        _short_text("session id", session_key, 255)
+        if platform is not None:
+            _short_text("platform", platform, 64)
+        if conversation_id is not None:
+            _short_text("conversation id", conversation_id, 255)
+        found = self.find_session(agent, session_key)
+        if found is not None and (platform is None or found.platform is not None) and (
+            conversation_id is None or found.conversation_id is not None
+        ):
+            return found
+        now = time.time()
+        with self._write() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=True)
+            self.backend.insert_ignore(conn, sessions_t, [{
+                "agent_id": agent_pk, "session_key": session_key, "platform": platform,
+                "conversation_id": conversation_id, "created_at": now, "updated_at": now,
+                "last_seq": 0, "message_count": 0, "token_count": 0, "covered_seq": 0,
+                "covered_tokens": 0,
+            }], ["agent_id", "session_key"])
+            where = and_(sessions_t.c.agent_id == agent_pk, sessions_t.c.session_key == session_key)
+            for column, value in (("platform", platform), ("conversation_id", conversation_id)):
+                if value is not None:
+                    conn.execute(update(sessions_t).where(where, sessions_t.c[column].is_(None))
+                                 .values({column: value}))
+            row = conn.execute(self._session_select().where(where)).one()
+        return self._session_record(row)
+
+    def find_session(self, agent: str, session_key: str) -> SessionRecord | None:
+        with self._read() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=False)
+            if agent_pk is None:
+                return None
+            row = conn.execute(self._session_select().where(
+                sessions_t.c.agent_id == agent_pk, sessions_t.c.session_key == session_key)).first()
+        return self._session_record(row) if row is not None else None
+
+    def get_session(self, session_pk: int, *, agent: str | None = None) -> SessionRecord:
+        """The session with this internal id (of ``agent`` when given) or NotFoundError."""
+        with self._read() as conn:
+            row = conn.execute(self._session_select().where(sessions_t.c.id == session_pk)).first()
+        if row is None or (agent is not None and row._mapping["agent_name"] != agent):
+            raise NotFoundError(f"session {session_pk} not found")
+        return self._session_record(row)
+
+    def list_sessions(self, agent: str, *, limit: int = 100, after_id: int | None = None) -> list[SessionRecord]:
+        """The agent's sessions, oldest first, paged by internal id."""
+        _int_arg("limit", limit, low=1, high=MAX_PAGE_LIMIT)
+        with self._read() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=False)
+            if agent_pk is None:
+                return []
+            stmt = self._session_select().where(sessions_t.c.agent_id == agent_pk)
+            if after_id is not None:
+                stmt = stmt.where(sessions_t.c.id > after_id)
+            rows = conn.execute(stmt.order_by(sessions_t.c.id).limit(limit)).all()
+        return [self._session_record(r) for r in rows]
+
+    def list_agents(self) -> list[str]:
+        with self._read() as conn:
+            return list(conn.execute(select(agents_t.c.name).order_by(agents_t.c.id)).scalars())
+
+    # ------------------------------------------------------------------ ingest
+
+    def _prepare(self, message: Mapping[str, Any]) -> _Prepared:
+        enc = encode_message(message)
+        body = index_body(enc.text)
+        same = enc.content_kind == CONTENT_TEXT and enc.content == body and enc.tool_calls is None
+        payload = None
+        if enc.payload is not None:
+            raw = enc.payload.encode("utf-8")
+            payload = (hashlib.sha256(raw).hexdigest(), zlib.compress(raw, 6), len(enc.payload))
+        return _Prepared(
+            encoded=enc,
+            token_count=self.tokens.count_message_text(enc.text),
+            search_text=None if same else body,
+            body=body,
+            payload=payload,
+        )
+
+    def append_messages(
+        self,
+        session_pk: int,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        after_identity: str | None = None,
+        now: float | None = None,
+    ) -> AppendResult:
+        """Store a turn's messages, each exactly once, in one transaction.
+
+        ``messages`` is a contiguous run of the conversation that follows the stored message
+        whose identity is ``after_identity`` (None: the start of the session). Messages already
+        stored (same identity) are skipped; the rest get the next ``seq`` numbers. Invalid
+        messages raise InvalidMessageError before anything is written.
+        """
+        prepared = [self._prepare(m) for m in messages]
+        identities: list[str] = []
+        prev = after_identity or ""
+        for p in prepared:
+            prev = uid_identity(p.encoded.uid) if p.encoded.uid else chain_identity(prev, p.encoded.content_hash)
+            identities.append(prev)
+        ts_now = time.time() if now is None else now
+
+        with self._write() as conn:
+            session = self._lock_session(conn, session_pk)
+            known: dict[str, int] = {}
+            for chunk in _chunks(sorted(set(identities))):
+                for ident, row_id in conn.execute(
+                    select(messages_t.c.identity, messages_t.c.id).where(
+                        messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))):
+                    known[ident] = row_id
+            rows: list[dict[str, Any]] = []
+            index: list[IndexRow] = []
+            new_flags: list[bool] = []
+            batch: set[str] = set()
+            seq = session["last_seq"]
+            payload_ids = self._store_payloads(conn, [p.payload for p in prepared if p.payload])
+            for p, ident in zip(prepared, identities, strict=True):
+                if ident in known or ident in batch:  # stored before, or repeated uid in this call
+                    new_flags.append(False)
+                    continue
+                batch.add(ident)
+                seq += 1
+                e = p.encoded
+                rows.append({
+                    "session_id": session_pk, "agent_id": session["agent_id"], "seq": seq,
+                    "identity": ident,
+                    "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
+                    "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
+                    "name": e.name, "extra": e.extra, "key_order": e.key_order,
+                    "payload_id": payload_ids[p.payload[0]] if p.payload else None,
+                    "search_text": p.search_text, "token_count": p.token_count,
+                    "ts": e.host_timestamp if e.host_timestamp is not None else ts_now,
+                })
+                index.append(IndexRow(body=p.body, session_pk=session_pk,
+                                      agent_pk=session["agent_id"], role=e.role))
+                new_flags.append(True)
+            inserted = self.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
+            if len(inserted) != len(rows):
+                raise ConcurrentUpdateError(
+                    "another writer stored some of these messages concurrently; nothing was written")
+            known.update({ident: row_id for row_id, ident in inserted})
+            if rows:
+                conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                    last_seq=seq,
+                    message_count=sessions_t.c.message_count + len(rows),
+                    token_count=sessions_t.c.token_count + sum(r["token_count"] for r in rows),
+                    updated_at=ts_now,
+                ))
+            record = self._session_record(
+                conn.execute(self._session_select().where(sessions_t.c.id == session_pk)).one())
+        return AppendResult(
+            session=record,
+            store_ids=tuple(known[i] for i in identities),
+            new_flags=tuple(new_flags),
+            last_identity=prev,
+        )
+
+    def _lock_session(self, conn: Connection, session_pk: int) -> Mapping[str, Any]:
+        row = conn.execute(
+            select(sessions_t).where(sessions_t.c.id == session_pk).with_for_update()).first()
+        if row is None:
+            raise NotFoundError(f"session {session_pk} not found")
+        return row._mapping
+
+    def _store_payloads(self, conn: Connection, payloads: Iterable[tuple[str, bytes, int]]) -> dict[str, int]:
+        unique = {sha: (data, size) for sha, data, size in payloads}
+        if not unique:
+            return {}
+        now = time.time()
+        self.backend.insert_ignore(conn, payloads_t, [
+            {"sha256": sha, "codec": PAYLOAD_CODEC, "size_chars": size, "data": data, "created_at": now}
+            for sha, (data, size) in unique.items()
+        ], ["sha256"])
+        rows = conn.execute(select(payloads_t.c.sha256, payloads_t.c.id).where(
+            payloads_t.c.sha256.in_(list(unique)))).all()
+        return {sha: pk for sha, pk in rows}
+
+    # ------------------------------------------------------------------ reading messages
+
+    _MESSAGE_COLUMNS = (
+        messages_t.c.id, messages_t.c.session_id, messages_t.c.seq, messages_t.c.role,
+        messages_t.c.ts, messages_t.c.token_count, messages_t.c.content_kind,
+        messages_t.c.content, messages_t.c.tool_calls, messages_t.c.tool_call_id,
+        messages_t.c.name, messages_t.c.extra, messages_t.c.key_order, messages_t.c.payload_id,
+        sessions_t.c.session_key,
+    )
+
+    def _message_select(self):
+        return select(*self._MESSAGE_COLUMNS).join(sessions_t, sessions_t.c.id == messages_t.c.session_id)
+
+    def _records(self, conn: Connection, rows: Sequence[Any]) -> list[MessageRecord]:
+        payload_ids = sorted({r.payload_id for r in rows if r.payload_id is not None})
+        payloads: dict[int, str] = {}
+        for chunk in _chunks(payload_ids):
+            for pk, data in conn.execute(select(payloads_t.c.id, payloads_t.c.data).where(
+                    payloads_t.c.id.in_(chunk))):
+                payloads[pk] = zlib.decompress(data).decode("utf-8")
+        out = []
+        for r in rows:
+            message = decode_message(
+                role=r.role, content_kind=r.content_kind, content=r.content,
+                tool_calls=r.tool_calls, tool_call_id=r.tool_call_id, name=r.name, extra=r.extra,
+                key_order=r.key_order,
+                payload=payloads.get(r.payload_id) if r.payload_id is not None else None,
+            )
+            out.append(MessageRecord(
+                store_id=r.id, session_pk=r.session_id, session_key=r.session_key, seq=r.seq,
+                role=r.role, ts=r.ts, token_count=r.token_count, message=message))
+        return out
+
+    def get_messages(
+        self, session_pk: int, *, first_seq: int | None = None, last_seq: int | None = None,
+        limit: int | None = None,
+    ) -> list[MessageRecord]:
+        """Messages of a session with ``first_seq <= seq <= last_seq``, in order."""
+        stmt = self._message_select().where(messages_t.c.session_id == session_pk)
+        if first_seq is not None:
+            stmt = stmt.where(messages_t.c.seq >= first_seq)
+        if last_seq is not None:
+            stmt = stmt.where(messages_t.c.seq <= last_seq)
+        stmt = stmt.order_by(messages_t.c.seq)
+        if limit is not None:
+            stmt = stmt.limit(_int_arg("limit", limit, low=1))
+        with self._read() as conn:
+            return self._records(conn, conn.execute(stmt).all())
+
+    def page_messages(
+        self, session_pk: int, *, after_store_id: int | None = None, limit: int = 100,
+        roles: Sequence[str] | None = None,
+    ) -> tuple[list[MessageRecord], int | None]:
+        """One page of a session in store order, and the cursor for the next (None at the end)."""
+        _int_arg("limit", limit, low=1, high=MAX_PAGE_LIMIT)
+        stmt = self._message_select().where(messages_t.c.session_id == session_pk)
+        if after_store_id is not None:
+            stmt = stmt.where(messages_t.c.id > after_store_id)
+        if roles:
+            stmt = stmt.where(messages_t.c.role.in_(list(roles)))
+        with self._read() as conn:
+            rows = conn.execute(stmt.order_by(messages_t.c.id).limit(limit + 1)).all()
+            records = self._records(conn, rows[:limit])
+        return records, (records[-1].store_id if len(rows) > limit else None)
+
+    def get_message(self, store_id: int, *, agent: str) -> MessageRecord | None:
+        """The message with this store id if it belongs to ``agent`` (else None: not found)."""
+        found = self.get_messages_by_ids([store_id], agent=agent)
+        return found[0] if found else None
+
+    def get_messages_by_ids(self, store_ids: Sequence[int], *, agent: str) -> list[MessageRecord]:
+        """The agent's messages with these ids, in the order given; others are left out."""
+        ids = [i for i in store_ids if isinstance(i, int) and not isinstance(i, bool)]
+        if not ids:
+            return []
+        with self._read() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=False)
+            if agent_pk is None:
+                return []
+            rows = []
+            for chunk in _chunks(sorted(set(ids))):
+                rows.extend(conn.execute(self._message_select().where(
+                    messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk)).all())
+            by_id = {r.store_id: r for r in self._records(conn, rows)}
+        return [by_id[i] for i in ids if i in by_id]
+
+    def _metas(self, rows: Sequence[Any]) -> list[MessageMeta]:
+        return [MessageMeta(store_id=r.id, seq=r.seq, identity=r.identity,
+                            content_hash=r.content_hash, role=r.role, token_count=r.token_count,
+                            ts=r.ts, tool_call_id=r.tool_call_id) for r in rows]
+
+    _META_COLUMNS = (messages_t.c.id, messages_t.c.seq, messages_t.c.identity,
+                     messages_t.c.content_hash, messages_t.c.role, messages_t.c.token_count,
+                     messages_t.c.ts, messages_t.c.tool_call_id)
+
+    def tail(self, session_pk: int, count: int) -> list[MessageMeta]:
+        """The newest ``count`` messages of a session (bodies not loaded), oldest first."""
+        _int_arg("count", count, low=0)
+        if count == 0:
+            return []
+        with self._read() as conn:
+            rows = conn.execute(select(*self._META_COLUMNS).where(
+                messages_t.c.session_id == session_pk).order_by(messages_t.c.seq.desc()).limit(count)).all()
+        return self._metas(list(reversed(rows)))
+
+    def message_metas(self, session_pk: int, *, first_seq: int, last_seq: int) -> list[MessageMeta]:
+        """Messages ``first_seq..last_seq`` without bodies (for planning a compaction chunk)."""
+        with self._read() as conn:
+            rows = conn.execute(select(*self._META_COLUMNS).where(
+                messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
+                messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)).all()
+        return self._metas(rows)
+
+    def raw_region(self, session_pk: int) -> RawRegion:
+        """The messages not covered by a leaf: everything after the session's covered prefix.
+
+        O(1): ``seq`` is gapless (1..last_seq, checked by the doctor), so the count is a
+        difference of the session's counters.
+        """
+        s = self.get_session(session_pk)
+        return RawRegion(session_pk=session_pk, first_seq=s.covered_seq + 1, last_seq=s.last_seq,
+                         count=s.last_seq - s.covered_seq, tokens=s.raw_tokens)
+
+    # ------------------------------------------------------------------ summaries
+
+    def write_summary(self, session_pk: int, new: NewSummary, *, now: float | None = None) -> SummaryRecord:
+        """Write a summary and its ordered edges atomically.
+
+        Depth 0: ``source_ids`` are the store ids of the oldest raw messages of the session, in
+        order, with no gap. Depth d > 0: the ids of uncondensed depth d-1 summaries of the
+        session, in order, with no other node of that depth between them. Anything else raises
+        IntegrityViolation and writes nothing; a concurrent writer that covered the same
+        sources first raises ConcurrentUpdateError.
+        """
+        _int_arg("depth", new.depth, low=0)
+        if not isinstance(new.content, str) or not new.content.strip():
+            raise ValueError("a summary needs non-empty text")
+        ids = list(new.source_ids)
+        if not ids or len(set(ids)) != len(ids):
+            raise ValueError("a summary needs at least one source, each listed once")
+        content = codec.strip_unstorable(new.content)
+        body = index_body(content)
+        created = time.time() if now is None else now
+        try:
+            with self._write() as conn:
+                session = self._lock_session(conn, session_pk)
+                if new.depth == 0:
+                    span = self._leaf_span(conn, session, ids)
+                else:
+                    span = self._condensed_span(conn, session_pk, new.depth, ids)
+                row = {
+                    "session_id": session_pk, "agent_id": session["agent_id"],
+                    "depth": new.depth, "content": content,
+                    "search_text": None if body == content else body,
+                    "token_count": _int_arg("token_count", new.token_count, low=0),
+                    "source_token_count": span["source_tokens"], "source_count": len(ids),
+                    "first_seq": span["first_seq"], "last_seq": span["last_seq"],
+                    "earliest_at": span["earliest"], "latest_at": span["latest"],
+                    "expand_hint": codec.strip_unstorable(new.expand_hint or ""),
+                    "kind": _short_text("kind", new.kind, 32), "model": new.model,
+                    "parent_id": None,
+                    "meta": codec.encode_json(new.meta) if new.meta is not None else None,
+                    "created_at": created,
+                }
+                ix = IndexRow(body=body, session_pk=session_pk, agent_pk=session["agent_id"])
+                [(node_id,)] = self.backend.insert_rows(conn, summaries_t, [row], [ix], ("id",))
+                self._step("summary_inserted")
+                column = "message_id" if new.depth == 0 else "child_id"
+                conn.execute(edges_t.insert(), [
+                    {"summary_id": node_id, "ordinal": i, column: source}
+                    for i, source in enumerate(ids)])
+                self._step("edges_inserted")
+                if new.depth == 0:
+                    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                        covered_seq=span["last_seq"],
+                        covered_tokens=sessions_t.c.covered_tokens + span["source_tokens"],
+                        updated_at=created))
+                else:
+                    done = conn.execute(update(summaries_t).where(
+                        summaries_t.c.id.in_(ids), summaries_t.c.parent_id.is_(None)).values(
+                        parent_id=node_id)).rowcount
+                    if done != len(ids):
+                        raise ConcurrentUpdateError("another writer condensed these summaries first")
+                record = self._summary_record(
+                    conn.execute(select(summaries_t).where(summaries_t.c.id == node_id)).one())
+        except IntegrityError as exc:
+            raise ConcurrentUpdateError(
+                f"these sources are already summarized (another writer got there first): "
+                f"{_first_line(exc)}") from exc
+        return record
+
+    def _leaf_span(self, conn: Connection, session: Mapping[str, Any], ids: list[int]) -> dict[str, Any]:
+        session_pk = session["id"]
+        rows = []
+        for chunk in _chunks(ids):
+            rows.extend(conn.execute(select(
+                messages_t.c.id, messages_t.c.seq, messages_t.c.token_count, messages_t.c.ts).where(
+                messages_t.c.id.in_(chunk), messages_t.c.session_id == session_pk)).all())
+        if len(rows) != len(ids):
+            raise IntegrityViolation("some source messages do not exist in this session")
+        by_id = {r.id: r for r in rows}
+        seqs = [by_id[i].seq for i in ids]
+        if seqs != sorted(seqs):
+            raise IntegrityViolation("leaf sources must be given in conversation order")
+        if seqs[0] <= session["covered_seq"]:
+            raise IntegrityViolation(
+                f"message seq {seqs[0]} is already summarized (covered up to {session['covered_seq']})")
+        between = conn.execute(select(func.count()).select_from(messages_t).where(
+            messages_t.c.session_id == session_pk, messages_t.c.seq > session["covered_seq"],
+            messages_t.c.seq <= seqs[-1])).scalar_one()
+        if between != len(ids):
+            raise IntegrityViolation(
+                "a leaf must cover the oldest raw messages of the session without gaps")
+        return {
+            "first_seq": seqs[0], "last_seq": seqs[-1],
+            "source_tokens": sum(r.token_count for r in rows),
+            "earliest": min(r.ts for r in rows), "latest": max(r.ts for r in rows),
+        }
+
+    def _condensed_span(self, conn: Connection, session_pk: int, depth: int, ids: list[int]) -> dict[str, Any]:
+        rows = []
+        for chunk in _chunks(ids):
+            rows.extend(conn.execute(select(summaries_t).where(
+                summaries_t.c.id.in_(chunk), summaries_t.c.session_id == session_pk)).all())
+        if len(rows) != len(ids):
+            raise IntegrityViolation("some source summaries do not exist in this session")
+        by_id = {r.id: r for r in rows}
+        children = [by_id[i] for i in ids]
+        if any(c.depth != depth - 1 for c in children):
+            raise IntegrityViolation(f"a depth-{depth} summary condenses depth-{depth - 1} summaries only")
+        if any(c.parent_id is not None for c in children):
+            raise IntegrityViolation("some source summaries are already condensed")
+        firsts = [c.first_seq for c in children]
+        if firsts != sorted(firsts):
+            raise IntegrityViolation("condensed sources must be given in conversation order")
+        between = conn.execute(select(func.count()).select_from(summaries_t).where(
+            summaries_t.c.session_id == session_pk, summaries_t.c.depth == depth - 1,
+            summaries_t.c.first_seq >= firsts[0], summaries_t.c.first_seq <= firsts[-1])).scalar_one()
+        if between != len(ids):
+            raise IntegrityViolation("condensed sources must be consecutive summaries of their depth")
+        return {
+            "first_seq": children[0].first_seq, "last_seq": max(c.last_seq for c in children),
+            "source_tokens": sum(c.token_count for c in children),
+            "earliest": min(c.earliest_at for c in children),
+            "latest": max(c.latest_at for c in children),
+        }
+
+    @staticmethod
+    def _summary_record(row: Any) -> SummaryRecord:
+        m = row._mapping
+        return SummaryRecord(
+            id=m["id"], session_pk=m["session_id"], depth=m["depth"], content=m["content"],
+            token_count=m["token_count"], source_token_count=m["source_token_count"],
+            source_count=m["source_count"], first_seq=m["first_seq"], last_seq=m["last_seq"],
+            earliest_at=m["earliest_at"], latest_at=m["latest_at"], expand_hint=m["expand_hint"],
+            kind=m["kind"], model=m["model"], parent_id=m["parent_id"],
+            meta=codec.decode_json(m["meta"]) if m["meta"] is not None else None,
+            created_at=m["created_at"],
+        )
+
+    def get_summary(self, node_id: int, *, agent: str | None = None) -> SummaryRecord | None:
+        """The summary node (of ``agent`` when given), or None."""
+        stmt = select(summaries_t).where(summaries_t.c.id == node_id)
+        if agent is not None:
+            stmt = stmt.join(agents_t, agents_t.c.id == summaries_t.c.agent_id).where(
+                agents_t.c.name == agent)
+        with self._read() as conn:
+            row = conn.execute(stmt).first()
+        return self._summary_record(row) if row is not None else None
+
+    def summary_source_ids(self, node_id: int) -> list[int]:
+        """The node's sources in order: message store ids (leaf) or child node ids."""
+        with self._read() as conn:
+            rows = conn.execute(select(edges_t.c.message_id, edges_t.c.child_id).where(
+                edges_t.c.summary_id == node_id).order_by(edges_t.c.ordinal)).all()
+        return [m if m is not None else c for m, c in rows]
+
+    def expand_summary(self, node_id: int, *, offset: int = 0, limit: int | None = None,
+                       ) -> tuple[list[MessageRecord] | list[SummaryRecord], int]:
+        """A page of the node's sources in order (messages or child summaries), and their total."""
+        _int_arg("offset", offset, low=0)
+        with self._read() as conn:
+            node = conn.execute(select(summaries_t.c.depth, summaries_t.c.source_count).where(
+                summaries_t.c.id == node_id)).first()
+            if node is None:
+                raise NotFoundError(f"summary {node_id} not found")
+            page = select(edges_t.c.message_id, edges_t.c.child_id).where(
+                edges_t.c.summary_id == node_id).order_by(edges_t.c.ordinal).offset(offset)
+            if limit is not None:
+                page = page.limit(_int_arg("limit", limit, low=1))
+            edges = conn.execute(page).all()
+            if node.depth == 0:
+                ids = [m for m, _ in edges]
+                rows = []
+                for chunk in _chunks(ids):
+                    rows.extend(conn.execute(self._message_select().where(messages_t.c.id.in_(chunk))).all())
+                by_id = {r.store_id: r for r in self._records(conn, rows)}
+                return [by_id[i] for i in ids], node.source_count
+            ids = [c for _, c in edges]
+            rows = []
+            for chunk in _chunks(ids):
+                rows.extend(conn.execute(select(summaries_t).where(summaries_t.c.id.in_(chunk))).all())
+            by_node = {r.id: self._summary_record(r) for r in rows}
+            return [by_node[i] for i in ids], node.source_count
+
+    def uncondensed_summaries(self, session_pk: int) -> list[SummaryRecord]:
+        """The session's summaries not condensed into a parent, highest depth first, then oldest."""
+        with self._read() as conn:
+            rows = conn.execute(select(summaries_t).where(
+                summaries_t.c.session_id == session_pk, summaries_t.c.parent_id.is_(None)).order_by(
+                summaries_t.c.depth.desc(), summaries_t.c.first_seq)).all()
+        return [self._summary_record(r) for r in rows]
+
+    def summaries(self, session_pk: int, *, depth: int | None = None, limit: int = 100,
+                  after_first_seq: int | None = None) -> list[SummaryRecord]:
+        """The session's summaries (of one depth when given) in conversation order, paged."""
+        _int_arg("limit", limit, low=1, high=MAX_PAGE_LIMIT)
+        stmt = select(summaries_t).where(summaries_t.c.session_id == session_pk)
+        if depth is not None:
+            stmt = stmt.where(summaries_t.c.depth == depth)
+        if after_first_seq is not None:
+            stmt = stmt.where(summaries_t.c.first_seq > after_first_seq)
+        with self._read() as conn:
+            rows = conn.execute(stmt.order_by(summaries_t.c.depth, summaries_t.c.first_seq).limit(limit)).all()
+        return [self._summary_record(r) for r in rows]
+
+    def depth_stats(self, session_pk: int) -> list[DepthStats]:
+        """Per depth: node count, uncondensed count and summary tokens."""
+        uncondensed = func.sum(case((summaries_t.c.parent_id.is_(None), 1), else_=0))
+        with self._read() as conn:
+            rows = conn.execute(select(
+                summaries_t.c.depth, func.count(), uncondensed, func.sum(summaries_t.c.token_count)
+            ).where(summaries_t.c.session_id == session_pk).group_by(summaries_t.c.depth).order_by(
+                summaries_t.c.depth)).all()
+        return [DepthStats(depth=d, count=c, uncondensed=int(u or 0), tokens=int(t or 0))
+                for d, c, u, t in rows]
+
+    # ------------------------------------------------------------------ search
+
+    def _search_spec(self, conn: Connection, query: str, agent: str, session_pk: int | None,
+                     sort: str, limit: int, **filters: Any) -> SearchSpec | None:
+        if sort not in SORT_MODES:
+            raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
+        _int_arg("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
+        agent_pk = self._agent_pk(conn, agent, create=False)
+        if agent_pk is None:
+            return None
+        if session_pk is not None:
+            owner = conn.execute(select(sessions_t.c.agent_id).where(sessions_t.c.id == session_pk)).scalar()
+            if owner != agent_pk:
+                raise NotFoundError(f"session {session_pk} not found")
+        return SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=session_pk,
+                          ranked=sort != "recency", limit=limit, **filters)
+
+    @staticmethod
+    def _order(candidates: list[Candidate], sort: str, limit: int) -> list[Candidate]:
+        if sort == "recency":
+            return candidates[:limit]
+        by_score = sorted(candidates, key=lambda c: (-(c.score or 0.0), -c.id))
+        if sort == "relevance":
+            return by_score[:limit]
+        # Reciprocal-rank fusion of the relevance order and the recency order (candidates come
+        # newest first), so neither score scale dominates and both backends fuse alike.
+        rel_rank = {c.id: i for i, c in enumerate(by_score)}
+        fused = sorted(enumerate(candidates), key=lambda ic: -(
+            1.0 / (HYBRID_RRF_K + rel_rank[ic[1].id]) + 1.0 / (HYBRID_RRF_K + ic[0])))
+        return [c for _, c in fused[:limit]]
+
+    def search_messages(
+        self, query: str, *, agent: str, session_pk: int | None = None,
+        roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
+        time_to: float | None = None, sort: str = "recency", limit: int = 10,
+    ) -> SearchResult:
+        """Full-text search over the agent's raw messages (one session, or all when None).
+
+        ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
+        ``RANK_WINDOW`` matches, ranked (bm25 / ts_rank_cd) or fused with recency; the result
+        says when more matched than were ranked (``candidates_clamped``).
+        """
+        with self._read() as conn:
+            spec = self._search_spec(conn, query, agent, session_pk, sort, limit,
+                                     roles=tuple(roles), platform=platform,
+                                     time_from=time_from, time_to=time_to)
+            if spec is None or spec.query.is_empty:
+                return SearchResult(hits=[], notes=spec.query.notes if spec else ())
+            candidates, clamped = self.backend.search_messages(conn, spec)
+            chosen = self._order(candidates, sort, limit)
+            rows = []
+            for chunk in _chunks([c.id for c in chosen]):
+                rows.extend(conn.execute(self._message_select().add_columns(
+                    messages_t.c.search_text).where(messages_t.c.id.in_(chunk),
+                                                    messages_t.c.agent_id == spec.agent_pk)).all())
+            # Snippets come from the message's own text; a large payload is not decompressed
+            # for that: its indexed excerpt is used instead.
+            inline = [r for r in rows if r.payload_id is None]
+            texts = {rec.store_id: message_text(rec.message) for rec in self._records(conn, inline)}
+            texts.update({r.id: r.search_text or "" for r in rows if r.payload_id is not None})
+            by_id = {r.id: r for r in rows}
+        hits = []
+        for c in chosen:
+            r = by_id.get(c.id)
+            if r is None:
+                continue
+            hits.append(SearchHit(kind="message", id=r.id, session_pk=r.session_id,
+                                  session_key=r.session_key, ts=r.ts, role=r.role, score=c.score,
+                                  snippet=make_snippet(texts[r.id], spec.query)))
+        return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes)
+
+    def search_summaries(
+        self, query: str, *, agent: str, session_pk: int | None = None, sort: str = "recency",
+        limit: int = 10, time_from: float | None = None, time_to: float | None = None,
+    ) -> SearchResult:
+        """Full-text search over the agent's summary nodes (one session, or all when None)."""
+        with self._read() as conn:
+            spec = self._search_spec(conn, query, agent, session_pk, sort, limit,
+                                     time_from=time_from, time_to=time_to)
+            if spec is None or spec.query.is_empty:
+                return SearchResult(hits=[], notes=spec.query.notes if spec else ())
+            candidates, clamped = self.backend.search_summaries(conn, spec)
+            chosen = self._order(candidates, sort, limit)
+            rows = []
+            for chunk in _chunks([c.id for c in chosen]):
+                rows.extend(conn.execute(select(summaries_t, sessions_t.c.session_key).join(
+                    sessions_t, sessions_t.c.id == summaries_t.c.session_id).where(
+                    summaries_t.c.id.in_(chunk), summaries_t.c.agent_id == spec.agent_pk)).all())
+            by_id = {r.id: r for r in rows}
+        hits = []
+        for c in chosen:
+            r = by_id.get(c.id)
+            if r is None:
+                continue
+            hits.append(SearchHit(kind="summary", id=r.id, session_pk=r.session_id,
+                                  session_key=r.session_key, ts=r.latest_at, depth=r.depth,
+                                  score=c.score, snippet=make_snippet(r.content, spec.query)))
+        return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes)
+
+    # ------------------------------------------------------------------ integrity
+
+    def check_schema(self) -> CheckResult:
+        state = self._schema_state()
+        if state.status == "current":
+            return CheckResult("schema_version", "ok", f"schema at {state.head} (head)")
+        return CheckResult("schema_version", "fail",
+                           f"schema at {state.current or 'nothing'}, expected {state.head}: "
+                           "run `lcm db upgrade`")
+
+    def integrity_checks(self, *, deep: bool = False) -> list[CheckResult]:
+        """Every storage check the doctor reports. ``deep`` re-verifies the whole search index."""
+        results = [self.check_schema()]
+        with self._read() as conn:
+            results.extend(self.backend.check_database(conn))
+            results.extend(self.backend.check_search_index(conn, deep))
+            results.extend(self._check_counters(conn))
+            results.extend(self._check_coverage(conn))
+            results.extend(self._check_edges(conn))
+            results.append(self._check_summary_sizes(conn))
+        return results
+
+    def _check_counters(self, conn: Connection) -> list[CheckResult]:
+        m = messages_t
+        actual = select(m.c.session_id, func.count().label("n"), func.max(m.c.seq).label("top"),
+                        func.sum(m.c.token_count).label("tok")).group_by(m.c.session_id).subquery()
+        bad = conn.execute(select(sessions_t.c.id).outerjoin(
+            actual, actual.c.session_id == sessions_t.c.id).where(
+            (sessions_t.c.message_count != func.coalesce(actual.c.n, 0))
+            | (sessions_t.c.last_seq != func.coalesce(actual.c.top, 0))
+            | (sessions_t.c.token_count != func.coalesce(actual.c.tok, 0))
+            | (sessions_t.c.message_count != sessions_t.c.last_seq))).scalars().all()
+        out = [CheckResult(
+            "session_counters", "fail" if bad else "ok",
+            f"message counters disagree with the rows in sessions {bad[:10]}" if bad
+            else "message counts, gapless sequence numbers and token totals match the rows")]
+        misfiled = sum(conn.execute(select(func.count()).select_from(t).join(
+            sessions_t, sessions_t.c.id == t.c.session_id).where(
+            t.c.agent_id != sessions_t.c.agent_id)).scalar_one() for t in (messages_t, summaries_t))
+        out.append(CheckResult(
+            "agent_scope", "fail" if misfiled else "ok",
+            f"{misfiled} rows carry another agent than their session's" if misfiled
+            else "every row carries its session's agent"))
+        return out
+
+    def _check_coverage(self, conn: Connection) -> list[CheckResult]:
+        """Every message is raw or in exactly one leaf; leaves cover each session's prefix."""
+        m, e, s = messages_t, edges_t, summaries_t
+        problems: list[str] = []
+        covered = select(m.c.session_id, func.count().label("n"),
+                         func.sum(m.c.token_count).label("tok"), func.max(m.c.seq).label("top")).join(
+            e, e.c.message_id == m.c.id).group_by(m.c.session_id).subquery()
+        prefix = select(m.c.session_id, func.count().label("n")).join(
+            sessions_t, sessions_t.c.id == m.c.session_id).where(
+            m.c.seq <= sessions_t.c.covered_seq).group_by(m.c.session_id).subquery()
+        rows = conn.execute(select(
+            sessions_t.c.id, sessions_t.c.covered_seq, sessions_t.c.covered_tokens,
+            func.coalesce(covered.c.n, 0), func.coalesce(covered.c.tok, 0),
+            func.coalesce(covered.c.top, 0), func.coalesce(prefix.c.n, 0)).outerjoin(
+            covered, covered.c.session_id == sessions_t.c.id).outerjoin(
+            prefix, prefix.c.session_id == sessions_t.c.id)).all()
+        for sid, cseq, ctok, n_cov, tok_cov, top_cov, n_prefix in rows:
+            if n_cov != n_prefix or top_cov != cseq:
+                problems.append(f"session {sid}: {n_cov} messages in leaves but {n_prefix} "
+                                f"up to the covered mark (seq {cseq})")
+            elif tok_cov != ctok:
+                problems.append(f"session {sid}: covered token total {ctok} != {tok_cov}")
+        cross = conn.execute(select(func.count()).select_from(e).join(
+            s, s.c.id == e.c.summary_id).join(m, m.c.id == e.c.message_id).where(
+            m.c.session_id != s.c.session_id)).scalar_one()
+        if cross:
+            problems.append(f"{cross} leaf edges point at another session's messages")
+        leaves = select(e.c.summary_id, func.count().label("n"), func.min(m.c.seq).label("lo"),
+                        func.max(m.c.seq).label("hi")).join(m, m.c.id == e.c.message_id).group_by(
+            e.c.summary_id).subquery()
+        broken = conn.execute(select(s.c.id).join(leaves, leaves.c.summary_id == s.c.id).where(
+            (leaves.c.n != s.c.source_count) | (leaves.c.lo != s.c.first_seq)
+            | (leaves.c.hi != s.c.last_seq))).scalars().all()
+        empty_leaves = conn.execute(select(s.c.id).where(s.c.depth == 0, ~select(e.c.summary_id).where(
+            e.c.summary_id == s.c.id).exists())).scalars().all()
+        if broken or empty_leaves:
+            problems.append(f"leaves whose edges disagree with their recorded range: "
+                            f"{(broken + empty_leaves)[:10]}")
+        gaps = conn.execute(select(s.c.id).join(leaves, leaves.c.summary_id == s.c.id).where(
+            leaves.c.n != select(func.count()).select_from(m).where(
+                m.c.session_id == s.c.session_id, m.c.seq >= leaves.c.lo,
+                m.c.seq <= leaves.c.hi).scalar_subquery())).scalars().all()
+        if gaps:
+            problems.append(f"leaves not covering a contiguous run: {gaps[:10]}")
+        return [CheckResult("coverage", "fail" if problems else "ok",
+                            "; ".join(problems[:5]) if problems else
+                            "every message is raw or in exactly one leaf; leaves are contiguous")]
+
+    def _check_edges(self, conn: Connection) -> list[CheckResult]:
+        """Condensed nodes: children one depth lower, same session, consecutive, linked back."""
+        e, s = edges_t, summaries_t
+        child = s.alias("child")
+        problems = []
+        orphans = conn.execute(select(func.count()).select_from(e).outerjoin(
+            s, s.c.id == e.c.summary_id).where(s.c.id.is_(None))).scalar_one()
+        if orphans:
+            problems.append(f"{orphans} edges from missing summaries")
+        wrong = conn.execute(select(s.c.id).join(e, e.c.summary_id == s.c.id).join(
+            child, child.c.id == e.c.child_id).where(
+            (child.c.depth != s.c.depth - 1) | (child.c.session_id != s.c.session_id)
+            | (child.c.parent_id.is_(None)) | (child.c.parent_id != s.c.id)).distinct()).scalars().all()
+        if wrong:
+            problems.append(f"condensed nodes with inconsistent children: {wrong[:10]}")
+        dangling = conn.execute(select(child.c.id).where(child.c.parent_id.is_not(None), ~select(
+            e.c.child_id).where(e.c.child_id == child.c.id).exists())).scalars().all()
+        if dangling:
+            problems.append(f"summaries marked condensed without an edge: {dangling[:10]}")
+        kids = select(e.c.summary_id, func.count().label("n")).group_by(e.c.summary_id).subquery()
+        miscount = conn.execute(select(s.c.id).outerjoin(kids, kids.c.summary_id == s.c.id).where(
+            func.coalesce(kids.c.n, 0) != s.c.source_count)).scalars().all()
+        if miscount:
+            problems.append(f"nodes whose edge count differs from source_count: {miscount[:10]}")
+        return [CheckResult("dag_edges", "fail" if problems else "ok",
+                            "; ".join(problems) if problems else
+                            "edges are consistent: no orphans, depth+1 parents, one parent each")]
+
+    def _check_summary_sizes(self, conn: Connection) -> CheckResult:
+        s = summaries_t
+        n = conn.execute(select(func.count()).select_from(s).where(
+            s.c.token_count >= s.c.source_token_count)).scalar_one()
+        return CheckResult("summary_sizes", "warn" if n else "ok",
+                           f"{n} summaries are not shorter than their sources" if n
+                           else "every summary is shorter than what it summarizes")
+
+    def rebuild_search_index(self) -> dict[str, int]:
+        """Re-index every message and summary (the doctor's repair)."""
+        with self._write() as conn:
+            return self.backend.rebuild_search_index(conn)
+
+    def optimize(self) -> None:
+        """Refresh the query planner's statistics; call after a bulk import."""
+        with self.engine.connect() as conn:
+            self.backend.optimize(conn)
+            conn.commit()
+
+    def stats(self) -> dict[str, Any]:
+        """Store-wide counts and size (for status output)."""
+        with self._read() as conn:
+            counts = {
+                name: conn.execute(select(func.count()).select_from(t)).scalar_one()
+                for name, t in (("agents", agents_t), ("sessions", sessions_t),
+                                ("messages", messages_t), ("summaries", summaries_t),
+                                ("payloads", payloads_t))
+            }
+            size = self.backend.database_size(conn)
+        return {**counts, "bytes": size, "backend": self.backend_name, "database": self.location}
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__

@@ -1,0 +1,100 @@
+"""Fixtures: every test gets its own database (a SQLite file, or a PostgreSQL schema).
+
+PostgreSQL comes from ``LCM_TEST_POSTGRES_URL`` when set (CI sets it), else from a
+testcontainers PostgreSQL when a Docker engine answers, else the PostgreSQL tests are skipped
+with the reason shown in the summary (``-ra``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from lcm import db
+from lcm.store import Store
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _docker_answers() -> str | None:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure means "no Docker engine here"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL server URL (psycopg driver), or a skip that says why there is none."""
+    url = os.environ.get("LCM_TEST_POSTGRES_URL")
+    if url:
+        yield db.resolve_url(url).render_as_string(hide_password=False)
+        return
+    problem = _docker_answers()
+    if problem is not None:
+        pytest.skip(
+            "PostgreSQL tests skipped: LCM_TEST_POSTGRES_URL is not set and no Docker engine "
+            f"answers for testcontainers ({problem}); run .ci/run or export "
+            "LCM_TEST_POSTGRES_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        )
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16-alpine", driver="psycopg") as container:
+        yield container.get_connection_url()
+
+
+def _admin(server: str):
+    return create_engine(server, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh, empty schema on the PostgreSQL server, dropped after the test."""
+    schema = "lcm_test_" + uuid.uuid4().hex[:12]
+    admin = _admin(pg_server)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    url = make_url(pg_server).update_query_dict({"options": f"-csearch_path={schema}"})
+    text_url = url.render_as_string(hide_password=False)
+    try:
+        yield text_url
+    finally:
+        db.dispose(db.resolve_url(text_url))
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'lcm.db'}"
+    try:
+        yield url
+    finally:
+        db.dispose(db.resolve_url(url))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """The same test on an embedded SQLite file and on a PostgreSQL schema."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture
+def store(db_url: str) -> Store:
+    return Store.open(db_url, upgrade=True)
+
+
+@pytest.fixture
+def session(store: Store):
+    return store.get_or_create_session("agent-a", "session-1", platform="cli")

@@ -1,0 +1,118 @@
+"""Integrity checks find deliberately planted faults on both backends; repair fixes the index."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from lcm.records import NewSummary
+from lcm.store import Store
+
+
+def statuses(store: Store, deep: bool = False) -> dict[str, str]:
+    return {c.name: c.status for c in store.integrity_checks(deep=deep)}
+
+
+@pytest.fixture
+def populated(store, session):
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"row {i} quasar{i}"}
+            for i in range(30)]
+    ids = store.append_messages(session.id, msgs).store_ids
+    leaf = store.write_summary(session.id, NewSummary(
+        depth=0, content="summary of rows", token_count=3, source_ids=tuple(ids[:10]), kind="extractive"))
+    return session, list(ids), leaf
+
+
+def test_empty_database_is_healthy(store):
+    assert set(statuses(store, deep=True).values()) == {"ok"}
+
+
+def test_populated_database_is_healthy(store, populated):
+    assert set(statuses(store, deep=True).values()) == {"ok"}
+
+
+def _drop_from_index(store: Store, store_id: int) -> None:
+    with store.engine.begin() as conn:
+        if store.backend_name == "sqlite":
+            body, scope = conn.execute(text(
+                "SELECT body, scope FROM lcm_messages_fts_src WHERE id = :i"), {"i": store_id}).one()
+            conn.execute(text("INSERT INTO lcm_messages_fts(lcm_messages_fts, rowid, body, scope) "
+                              "VALUES ('delete', :i, :b, :s)"), {"i": store_id, "b": body, "s": scope})
+        else:
+            conn.execute(text("UPDATE lcm_messages SET search_vector = NULL WHERE id = :i"),
+                         {"i": store_id})
+
+
+def _corrupt_index_entry(store: Store, store_id: int) -> None:
+    """The row stays indexed, but under words it does not contain."""
+    with store.engine.begin() as conn:
+        if store.backend_name == "sqlite":
+            body, scope = conn.execute(text(
+                "SELECT body, scope FROM lcm_messages_fts_src WHERE id = :i"), {"i": store_id}).one()
+            conn.execute(text("INSERT INTO lcm_messages_fts(lcm_messages_fts, rowid, body, scope) "
+                              "VALUES ('delete', :i, :b, :s)"), {"i": store_id, "b": body, "s": scope})
+            conn.execute(text("INSERT INTO lcm_messages_fts(rowid, body, scope) VALUES (:i, 'bogus words', :s)"),
+                         {"i": store_id, "s": scope})
+        else:
+            conn.execute(text("UPDATE lcm_messages SET search_vector = "
+                              "to_tsvector('simple', 'bogus words') WHERE id = :i"), {"i": store_id})
+
+
+def test_a_row_missing_from_the_index_is_found_and_repaired(store, populated):
+    session, ids, _ = populated
+    _drop_from_index(store, ids[3])
+    assert store.search_messages("quasar3", agent="agent-a").hits == []
+    assert statuses(store)["search_index_messages"] == "fail"
+    assert statuses(store, deep=True)["search_index_messages"] == "fail"
+    counts = store.rebuild_search_index()
+    assert counts["messages"] == 30 and counts["summaries"] == 1
+    assert [h.id for h in store.search_messages("quasar3", agent="agent-a").hits] == [ids[3]]
+    assert set(statuses(store, deep=True).values()) == {"ok"}
+
+
+def test_a_stale_index_entry_is_found_by_the_deep_check(store, populated):
+    session, ids, _ = populated
+    _corrupt_index_entry(store, ids[2])  # an old row: outside the quick check's sample
+    assert statuses(store, deep=True)["search_index_messages"] == "fail"
+    store.rebuild_search_index()
+    assert statuses(store, deep=True)["search_index_messages"] == "ok"
+    assert [h.id for h in store.search_messages("quasar2", agent="agent-a").hits] == [ids[2]]
+
+
+def test_a_stale_recent_entry_is_found_by_the_quick_check(store, populated):
+    session, ids, _ = populated
+    _corrupt_index_entry(store, ids[-1])
+    assert statuses(store)["search_index_messages"] == "fail"
+
+
+def test_counter_drift_is_found(store, populated):
+    session, _, _ = populated
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE lcm_sessions SET token_count = token_count + 7 WHERE id = :s"),
+                     {"s": session.id})
+    assert statuses(store)["session_counters"] == "fail"
+
+
+def test_a_removed_leaf_edge_is_found(store, populated):
+    session, ids, leaf = populated
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM lcm_summary_sources WHERE summary_id = :l AND ordinal = 4"),
+                     {"l": leaf.id})
+    found = statuses(store)
+    assert found["coverage"] == "fail" and found["dag_edges"] == "fail"
+
+
+def test_a_summary_not_shorter_than_its_sources_is_a_warning(store, session):
+    ids = store.append_messages(session.id, [{"role": "user", "content": "hi"}]).store_ids
+    store.write_summary(session.id, NewSummary(depth=0, content="a much longer summary " * 20,
+                                               token_count=500, source_ids=tuple(ids), kind="x"))
+    assert statuses(store)["summary_sizes"] == "warn"
+
+
+def test_a_row_filed_under_another_agent_is_found(store, populated):
+    session, ids, _ = populated
+    other = store.get_or_create_session("agent-b", "elsewhere")
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE lcm_messages SET agent_id = :a WHERE id = :i"),
+                     {"a": other.agent_pk, "i": ids[0]})
+    assert statuses(store)["agent_scope"] == "fail"

@@ -1,0 +1,107 @@
+"""The backend-neutral search text: tokenizer parity with SQLite, query language, snippets."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lcm.backends.postgres import render_tsquery
+from lcm.backends.sqlite import render_match
+from lcm.textindex import (
+    INDEX_MAX_CHARS,
+    MAX_TOKEN_CHARS,
+    index_body,
+    make_snippet,
+    parse_query,
+    tokenize,
+)
+
+# Text in the scripts people write in, with the punctuation agent transcripts are full of.
+# (Unassigned code points are left out: SQLite's Unicode tables predate Python's.)
+COMMON = st.text(
+    alphabet=st.one_of(
+        st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_categories=("Cn", "Cs")),  # ASCII
+        st.characters(min_codepoint=0xC0, max_codepoint=0x17F, exclude_categories=("Cn", "Cs")),  # Latin-1 + Extended-A
+        st.characters(min_codepoint=0x391, max_codepoint=0x3C9, exclude_categories=("Cn", "Cs")),  # Greek
+        st.characters(min_codepoint=0x410, max_codepoint=0x44F, exclude_categories=("Cn", "Cs")),  # Cyrillic
+        st.characters(min_codepoint=0x5D0, max_codepoint=0x5EA, exclude_categories=("Cn", "Cs")),  # Hebrew
+        st.characters(min_codepoint=0x621, max_codepoint=0x64A, exclude_categories=("Cn", "Cs")),  # Arabic
+        st.sampled_from(list("数据库日本語한국어 \n\t_-./:\"'`()[]{}<>@#$%^&*+=|\\~,;!?ß µ ſ ς İ ﬁ")),
+    ),
+    max_size=120,
+)
+
+
+@pytest.fixture(scope="module")
+def fts():
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE f USING fts5(b, tokenize='unicode61 remove_diacritics 2')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(f, 'instance')")
+    return conn
+
+
+def sqlite_tokens(conn, text: str) -> list[str]:
+    conn.execute("DELETE FROM f")
+    conn.execute("INSERT INTO f(rowid, b) VALUES (1, ?)", (text,))
+    return [r[0] for r in conn.execute("SELECT term FROM v ORDER BY offset")]
+
+
+@settings(max_examples=400, deadline=None)
+@given(COMMON)
+def test_tokenizer_matches_sqlite_unicode61(fts, text):
+    body = index_body(text)
+    assert tokenize(body) == sqlite_tokens(fts, body)
+
+
+def test_index_body_splits_cjk_and_drops_blobs():
+    body = index_body("查询数据库 then " + "A" * (MAX_TOKEN_CHARS + 5) + " end")
+    assert tokenize(body) == ["查", "询", "数", "据", "库", "then", "end"]
+
+
+def test_index_body_is_bounded_head_and_tail():
+    text = "start " + "word " * 60_000 + " finalerror"
+    body = index_body(text)
+    assert len(body) <= INDEX_MAX_CHARS + 10
+    assert body.startswith("start") and body.rstrip().endswith("finalerror")
+
+
+@given(st.text())
+def test_parse_query_never_raises_and_renders(text):
+    q = parse_query(text)
+    if not q.is_empty:
+        assert render_match(q, ["s1"])
+        assert render_tsquery(q, ["s1"])
+
+
+def test_query_language():
+    q = parse_query('alembic.ini "exact phrase" conf* foo OR bar -skip NEAR( :^')
+    groups = [[(t.tokens, t.prefix) for t in g] for g in q.groups]
+    assert groups == [
+        [(("alembic", "ini"), False)],
+        [(("exact", "phrase"), False)],
+        [(("conf",), True)],
+        [(("foo",), False), (("bar",), False)],
+        [(("near",), False)],
+    ]
+    assert [t.tokens for t in q.negatives] == [("skip",)]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "***", "-", "-x", "OR", '""', "(", ":"])
+def test_queries_without_a_positive_word_are_empty(text):
+    assert parse_query(text).is_empty
+
+
+def test_cjk_query_is_a_character_phrase():
+    (term,), = parse_query("数据库").groups
+    assert term.tokens == ("数", "据", "库")
+
+
+def test_snippet_marks_matches_around_the_first_hit():
+    text = "x " * 300 + "the Café served alembic.ini to NEEDLE42 " + "y " * 300
+    snip = make_snippet(text, parse_query("cafe needle42"))
+    assert "**Café**" in snip and "**NEEDLE42**" in snip
+    assert snip.startswith("…") and snip.endswith("…")
+    assert len(snip) < 260

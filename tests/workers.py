@@ -1,0 +1,79 @@
+"""Code run in separate processes by the concurrency and crash tests (spawned, so importable)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from lcm.records import NewSummary
+from lcm.store import Store
+
+
+def turn(worker: str, i: int) -> list[dict]:
+    """One 4-message turn with a tool call, a unique token, and a repeated 'ok'."""
+    call = f"call_{worker}_{i}"
+    return [
+        {"role": "user", "content": f"turn {i} from {worker}: token{worker}x{i}"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call, "type": "function", "function": {"name": "shell", "arguments": f"{{\"i\": {i}}}"}}]},
+        {"role": "tool", "tool_call_id": call, "content": f"result {i}"},
+        {"role": "assistant", "content": "ok"},
+    ]
+
+
+def wait_until(start_at: float | None) -> None:
+    """Start together: spawned processes come up at different times."""
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+
+
+def append_turns(url: str, agent: str, session_key: str, worker: str, turns: int,
+                 start_at: float | None = None) -> int:
+    """Append ``turns`` turns, each in its own transaction, as a host would."""
+    store = Store.open(url)
+    session = store.get_or_create_session(agent, session_key)
+    wait_until(start_at)
+    anchor = None
+    for i in range(turns):
+        result = store.append_messages(session.id, turn(worker, i), after_identity=anchor)
+        anchor = result.last_identity
+    return turns
+
+
+def resend_transcript(url: str, agent: str, session_key: str, turns: int,
+                      start_at: float | None = None) -> int:
+    """Ingest a growing transcript, re-sending everything each time (a restarted host)."""
+    store = Store.open(url)
+    session = store.get_or_create_session(agent, session_key)
+    wait_until(start_at)
+    transcript: list[dict] = []
+    for i in range(turns):
+        transcript.extend(turn("shared", i))
+        store.append_messages(session.id, transcript)
+    return turns
+
+
+def open_store(url: str) -> str:
+    return Store.open(url).check_schema().status
+
+
+def crash_during_summary(url: str) -> None:
+    """Write messages, then die (SIGKILL) after the summary row is written, before its edges."""
+    store = Store.open(url)
+    session = store.get_or_create_session("agent-a", "crash")
+    ids = store.append_messages(session.id, [{"role": "user", "content": f"m{i}"} for i in range(8)]).store_ids
+
+    def die(step: str) -> None:
+        if step == "summary_inserted":
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    store._on_write_step = die
+    store.write_summary(session.id, NewSummary(depth=0, content="doomed", token_count=1,
+                                               source_ids=tuple(ids[:4]), kind="extractive"))
+
+
+if __name__ == "__main__":
+    crash_during_summary(sys.argv[1])
