@@ -1,0 +1,52 @@
+"""``lcm status`` and ``lcm doctor``: what is stored, and whether it is healthy."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from lcm.cli.common import emit_json, json_option, stdout, url_option
+from lcm.store import Store
+
+
+@click.command("status")
+@url_option
+@json_option
+def status_command(url: str | None, as_json: bool) -> None:
+    """Show the store: backend, location, size and row counts."""
+    store = Store.open(url)
+    stats = store.stats()
+    if as_json:
+        emit_json(stats)
+        return
+    table = Table(title="lcm store", show_header=False)
+    for key in ("backend", "database", "agents", "sessions", "messages", "summaries", "payloads"):
+        table.add_row(key, str(stats[key]))
+    table.add_row("size", f"{(stats['bytes'] or 0) / 1_048_576:.1f} MiB")
+    stdout.print(table)
+
+
+@click.command("doctor")
+@url_option
+@json_option
+@click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores).")
+def doctor_command(url: str | None, as_json: bool, deep: bool) -> None:
+    """Check database integrity, schema, search index and the summary DAG."""
+    store = Store.open(url)
+    checks = store.integrity_checks(deep=deep)
+    worst = "fail" if any(c.status == "fail" for c in checks) else (
+        "warn" if any(c.status == "warn" for c in checks) else "ok")
+    overall = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}[worst]
+    if as_json:
+        emit_json({"overall": overall, "checks": [c.as_dict() for c in checks]})
+    else:
+        table = Table(title=f"lcm doctor: {overall}")
+        table.add_column("check")
+        table.add_column("status")
+        table.add_column("detail", overflow="fold")
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in checks:
+            table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail)
+        stdout.print(table)
+    if worst == "fail":
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,68 @@
+"""The wheel alone (no checkout) can create and upgrade a database: migrations ship inside it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from lcm import migrations
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv, outside the checkout, with only the built wheel installed."""
+    work = tmp_path_factory.mktemp("wheel")
+    dist = work / "dist"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
+                            str(REPO_ROOT)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    [wheel] = dist.glob("lossless_context-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "lcm/_migrations/env.py" in names
+    for rev in migrations.KNOWN_REVISIONS:
+        assert f"lcm/_migrations/versions/{rev}.py" in names
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr
+    return venv
+
+
+def run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_installed_lcm_creates_and_upgrades_sqlite(installed, tmp_path):
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    up = run(installed, "lcm", "db", "upgrade", "--url", url, cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    assert migrations.HEAD in up.stdout
+    cur = run(installed, "lcm", "db", "current", "--url", url, "--json", cwd=tmp_path)
+    assert '"status": "current"' in cur.stdout, cur.stdout + cur.stderr
+    where = run(installed, "python", "-c",
+                "import lcm.migrations as m; print(m.script_location())", cwd=tmp_path)
+    assert "site-packages/lcm/_migrations" in where.stdout
+    use = run(installed, "python", "-c",
+              "from lcm.store import Store; s = Store.open(%r); "
+              "x = s.get_or_create_session('a', 'b'); "
+              "s.append_messages(x.id, [{'role': 'user', 'content': 'wheel works'}]); "
+              "print(s.search_messages('wheel', agent='a').hits[0].snippet)" % url, cwd=tmp_path)
+    assert use.stdout.strip() == "**wheel** works", use.stderr
+
+
+@pytest.mark.postgres
+def test_installed_lcm_upgrades_postgres(installed, pg_url, tmp_path):
+    up = run(installed, "lcm", "db", "upgrade", "--url", pg_url, cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    status = run(installed, "lcm", "doctor", "--url", pg_url, "--json", cwd=tmp_path)
+    assert status.returncode == 0 and '"overall": "healthy"' in status.stdout, status.stdout + status.stderr
