@@ -72,9 +72,13 @@ edges_t = SummarySource.__table__
 payloads_t = Payload.__table__
 
 
-def _chunks(items: Sequence[Any], size: int = IN_CHUNK) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+def _fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[Any]], Any]) -> list[Any]:
+    """Rows of ``statement(chunk)`` for ``ids`` in chunks (bounded ``IN (...)`` lists)."""
+    unique = list(dict.fromkeys(ids))
+    rows: list[Any] = []
+    for i in range(0, len(unique), IN_CHUNK):
+        rows.extend(conn.execute(statement(unique[i : i + IN_CHUNK])).all())
+    return rows
 
 
 def _short_text(field: str, value: Any, max_chars: int) -> str:
@@ -338,12 +342,9 @@ class Store:
 
         with self._write() as conn:
             session = self._lock_session(conn, session_pk)
-            known: dict[str, int] = {}
-            for chunk in _chunks(sorted(set(identities))):
-                for ident, row_id in conn.execute(
-                    select(messages_t.c.identity, messages_t.c.id).where(
-                        messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))):
-                    known[ident] = row_id
+            known: dict[str, int] = dict(_fetch_in(conn, identities, lambda chunk: select(
+                messages_t.c.identity, messages_t.c.id).where(
+                messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
             rows: list[dict[str, Any]] = []
             index: list[IndexRow] = []
             new_flags: list[bool] = []
@@ -425,12 +426,9 @@ class Store:
         return select(*self._MESSAGE_COLUMNS).join(sessions_t, sessions_t.c.id == messages_t.c.session_id)
 
     def _records(self, conn: Connection, rows: Sequence[Any]) -> list[MessageRecord]:
-        payload_ids = sorted({r.payload_id for r in rows if r.payload_id is not None})
-        payloads: dict[int, str] = {}
-        for chunk in _chunks(payload_ids):
-            for pk, data in conn.execute(select(payloads_t.c.id, payloads_t.c.data).where(
-                    payloads_t.c.id.in_(chunk))):
-                payloads[pk] = zlib.decompress(data).decode("utf-8")
+        payloads = {pk: zlib.decompress(data).decode("utf-8") for pk, data in _fetch_in(
+            conn, (r.payload_id for r in rows if r.payload_id is not None),
+            lambda chunk: select(payloads_t.c.id, payloads_t.c.data).where(payloads_t.c.id.in_(chunk)))}
         out = []
         for r in rows:
             message = decode_message(
@@ -490,10 +488,8 @@ class Store:
             agent_pk = self._agent_pk(conn, agent, create=False)
             if agent_pk is None:
                 return []
-            rows = []
-            for chunk in _chunks(sorted(set(ids))):
-                rows.extend(conn.execute(self._message_select().where(
-                    messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk)).all())
+            rows = _fetch_in(conn, ids, lambda chunk: self._message_select().where(
+                messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk))
             by_id = {r.store_id: r for r in self._records(conn, rows)}
         return [by_id[i] for i in ids if i in by_id]
 
@@ -604,11 +600,9 @@ class Store:
 
     def _leaf_span(self, conn: Connection, session: Mapping[str, Any], ids: list[int]) -> dict[str, Any]:
         session_pk = session["id"]
-        rows = []
-        for chunk in _chunks(ids):
-            rows.extend(conn.execute(select(
-                messages_t.c.id, messages_t.c.seq, messages_t.c.token_count, messages_t.c.ts).where(
-                messages_t.c.id.in_(chunk), messages_t.c.session_id == session_pk)).all())
+        rows = _fetch_in(conn, ids, lambda chunk: select(
+            messages_t.c.id, messages_t.c.seq, messages_t.c.token_count, messages_t.c.ts).where(
+            messages_t.c.id.in_(chunk), messages_t.c.session_id == session_pk))
         if len(rows) != len(ids):
             raise IntegrityViolation("some source messages do not exist in this session")
         by_id = {r.id: r for r in rows}
@@ -631,10 +625,8 @@ class Store:
         }
 
     def _condensed_span(self, conn: Connection, session_pk: int, depth: int, ids: list[int]) -> dict[str, Any]:
-        rows = []
-        for chunk in _chunks(ids):
-            rows.extend(conn.execute(select(summaries_t).where(
-                summaries_t.c.id.in_(chunk), summaries_t.c.session_id == session_pk)).all())
+        rows = _fetch_in(conn, ids, lambda chunk: select(summaries_t).where(
+            summaries_t.c.id.in_(chunk), summaries_t.c.session_id == session_pk))
         if len(rows) != len(ids):
             raise IntegrityViolation("some source summaries do not exist in this session")
         by_id = {r.id: r for r in rows}
@@ -704,15 +696,12 @@ class Store:
             edges = conn.execute(page).all()
             if node.depth == 0:
                 ids = [m for m, _ in edges]
-                rows = []
-                for chunk in _chunks(ids):
-                    rows.extend(conn.execute(self._message_select().where(messages_t.c.id.in_(chunk))).all())
+                rows = _fetch_in(conn, ids, lambda chunk: self._message_select().where(
+                    messages_t.c.id.in_(chunk)))
                 by_id = {r.store_id: r for r in self._records(conn, rows)}
                 return [by_id[i] for i in ids], node.source_count
             ids = [c for _, c in edges]
-            rows = []
-            for chunk in _chunks(ids):
-                rows.extend(conn.execute(select(summaries_t).where(summaries_t.c.id.in_(chunk))).all())
+            rows = _fetch_in(conn, ids, lambda chunk: select(summaries_t).where(summaries_t.c.id.in_(chunk)))
             by_node = {r.id: self._summary_record(r) for r in rows}
             return [by_node[i] for i in ids], node.source_count
 
@@ -798,11 +787,9 @@ class Store:
                 return SearchResult(hits=[], notes=spec.query.notes if spec else ())
             candidates, clamped = self.backend.search_messages(conn, spec)
             chosen = self._order(candidates, sort, limit)
-            rows = []
-            for chunk in _chunks([c.id for c in chosen]):
-                rows.extend(conn.execute(self._message_select().add_columns(
-                    messages_t.c.search_text).where(messages_t.c.id.in_(chunk),
-                                                    messages_t.c.agent_id == spec.agent_pk)).all())
+            rows = _fetch_in(conn, (c.id for c in chosen), lambda chunk: self._message_select(
+            ).add_columns(messages_t.c.search_text).where(
+                messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk))
             # Snippets come from the message's own text; a large payload is not decompressed
             # for that: its indexed excerpt is used instead.
             inline = [r for r in rows if r.payload_id is None]
@@ -831,11 +818,10 @@ class Store:
                 return SearchResult(hits=[], notes=spec.query.notes if spec else ())
             candidates, clamped = self.backend.search_summaries(conn, spec)
             chosen = self._order(candidates, sort, limit)
-            rows = []
-            for chunk in _chunks([c.id for c in chosen]):
-                rows.extend(conn.execute(select(summaries_t, sessions_t.c.session_key).join(
-                    sessions_t, sessions_t.c.id == summaries_t.c.session_id).where(
-                    summaries_t.c.id.in_(chunk), summaries_t.c.agent_id == spec.agent_pk)).all())
+            rows = _fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
+                summaries_t, sessions_t.c.session_key).join(
+                sessions_t, sessions_t.c.id == summaries_t.c.session_id).where(
+                summaries_t.c.id.in_(chunk), summaries_t.c.agent_id == spec.agent_pk))
             by_id = {r.id: r for r in rows}
         hits = []
         for c in chosen:

@@ -16,8 +16,6 @@ down_revision = "0001_core_schema"
 branch_labels = None
 depends_on = None
 
-BATCH = 2000
-
 # ---------------------------------------------------------------- SQLite: FTS5, views, triggers
 
 _MSG_SCOPE = "'s' || {r}.session_id || ' a' || {r}.agent_id || ' r' || lower(hex({r}.role))"
@@ -98,31 +96,6 @@ SQLITE_DOWN = [
 # ---------------------------------------------------------------- PostgreSQL: tsvector + GIN
 
 
-def _pg_backfill(bind: sa.Connection, table: str, role_column: str) -> None:
-    """Write search vectors for rows that predate this revision, in id-ordered batches."""
-    from lcm.backends import IndexRow
-    from lcm.backends.postgres import scope_lexemes, tsvector_literal
-
-    after = 0
-    while True:
-        rows = bind.execute(sa.text(
-            f"SELECT t.id, coalesce(t.search_text, t.content), t.session_id, t.agent_id, "
-            f"{role_column} FROM {table} t WHERE t.id > :after ORDER BY t.id LIMIT :n"),
-            {"after": after, "n": BATCH}).all()
-        if not rows:
-            return
-        ids, vecs = [], []
-        for row_id, body, session_pk, agent_pk, role in rows:
-            ix = IndexRow(body=body or "", session_pk=session_pk, agent_pk=agent_pk, role=role)
-            ids.append(row_id)
-            vecs.append(tsvector_literal(ix.body, scope_lexemes(ix)))
-        bind.execute(sa.text(
-            f"UPDATE {table} t SET search_vector = CAST(e.vec AS tsvector) "
-            "FROM unnest(CAST(:ids AS bigint[]), CAST(:vecs AS text[])) AS e(id, vec) "
-            "WHERE e.id = t.id"), {"ids": ids, "vecs": vecs})
-        after = rows[-1][0]
-
-
 def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name == "sqlite":
@@ -131,10 +104,12 @@ def upgrade() -> None:
         return
     from sqlalchemy.dialects.postgresql import TSVECTOR
 
+    from lcm.backends.postgres import PostgresBackend
+
     op.add_column("lcm_messages", sa.Column("search_vector", TSVECTOR(), nullable=True))
     op.add_column("lcm_summaries", sa.Column("search_vector", TSVECTOR(), nullable=True))
-    _pg_backfill(bind, "lcm_messages", "t.role")
-    _pg_backfill(bind, "lcm_summaries", "NULL")
+    # Index rows written before this revision (the same code as `lcm doctor`'s repair).
+    PostgresBackend().rebuild_search_index(bind)
     # Built without blocking writers on a big existing table (needs its own transaction).
     # The (agent_id, id) indexes let a search walk one agent's newest rows among many agents'.
     with op.get_context().autocommit_block():

@@ -55,6 +55,23 @@ class SearchSpec:
         return self.time_from is not None or self.time_to is not None or self.platform is not None
 
 
+def post_filters(spec: SearchSpec, ts_column: str) -> tuple[list[str], dict[str, Any]]:
+    """SQL conditions (row alias ``t``, session alias ``s``) for a search's time and platform
+    filters, and their parameters."""
+    filters: list[str] = []
+    params: dict[str, Any] = {}
+    if spec.time_from is not None:
+        filters.append(f"t.{ts_column} >= :t0")
+        params["t0"] = spec.time_from
+    if spec.time_to is not None:
+        filters.append(f"t.{ts_column} <= :t1")
+        params["t1"] = spec.time_to
+    if spec.platform is not None:
+        filters.append("s.platform = :platform")
+        params["platform"] = spec.platform
+    return filters, params
+
+
 def role_token(role: str) -> str:
     """The scope token for a role: hex of its UTF-8 bytes (any role string becomes one token)."""
     return "r" + role.encode("utf-8").hex()

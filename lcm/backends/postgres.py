@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql import bindparam
 
-from lcm.backends import Backend, IndexRow, SearchSpec, role_token
+from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.records import Candidate, CheckResult
 from lcm.textindex import Query, Term, tokenize
 
@@ -159,7 +159,7 @@ class PostgresBackend(Backend):
             params["bq"] = render_tsquery(spec.query, with_negatives=False)
             score = "ts_rank_cd(t.search_vector, CAST(:bq AS tsquery), 1)"
         need = spec.window if spec.ranked else spec.limit
-        filters, fparams = self._post_filters(spec, ts_col)
+        filters, fparams = post_filters(spec, ts_col)
         params.update(fparams)
         platform_join = "JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else ""
         # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
@@ -200,20 +200,6 @@ class PostgresBackend(Backend):
                 "ORDER BY t.id DESC LIMIT :need"), params).all()
         found.extend(Candidate(int(r[0]), _score(r[1])) for r in more)
         return found, spec.ranked and len(found) >= need
-
-    @staticmethod
-    def _post_filters(spec: SearchSpec, ts_col: str) -> tuple[list[str], dict[str, Any]]:
-        filters, params = [], {}
-        if spec.time_from is not None:
-            filters.append(f"t.{ts_col} >= :t0")
-            params["t0"] = spec.time_from
-        if spec.time_to is not None:
-            filters.append(f"t.{ts_col} <= :t1")
-            params["t1"] = spec.time_to
-        if spec.platform is not None:
-            filters.append("s.platform = :platform")
-            params["platform"] = spec.platform
-        return filters, params
 
     @staticmethod
     def _older_rows(conn: Connection, base: str, spec: SearchSpec, floor_id: int) -> int:

@@ -24,7 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DatabaseError, OperationalError
 
-from lcm.backends import Backend, SearchSpec, role_token
+from lcm.backends import Backend, SearchSpec, post_filters, role_token
 from lcm.records import Candidate, CheckResult
 from lcm.textindex import Query, Term
 
@@ -119,16 +119,8 @@ class SQLiteBackend(Backend):
             clamped = spec.ranked and len(rows) >= want
             return [Candidate(int(r[0]), _score(r[1])) for r in rows], clamped
         base, ts_col = (("lcm_messages", "ts") if kind == "messages" else ("lcm_summaries", "latest_at"))
-        filters, params = [], {"match": match, "want": want, "cap": spec.scan_cap}
-        if spec.time_from is not None:
-            filters.append(f"t.{ts_col} >= :t0")
-            params["t0"] = spec.time_from
-        if spec.time_to is not None:
-            filters.append(f"t.{ts_col} <= :t1")
-            params["t1"] = spec.time_to
-        if spec.platform is not None:
-            filters.append("s.platform = :platform")
-            params["platform"] = spec.platform
+        filters, params = post_filters(spec, ts_col)
+        params.update({"match": match, "want": want, "cap": spec.scan_cap})
         sql = (
             f"WITH c AS (SELECT rowid AS id{score} FROM {fts} WHERE {fts} MATCH :match "
             "ORDER BY rowid DESC LIMIT :cap) "
