@@ -97,6 +97,37 @@ class Session(Base):
     token_count: Mapped[int] = mapped_column(BigInteger, default=0)
     covered_seq: Mapped[int] = mapped_column(Integer, default=0)
     covered_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: First seq of the raw messages in the context lcm last handed the host (0: none yet):
+    #: where the host's transcript resumes after lcm's summary message, for ingest alignment.
+    host_view_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: JSON: outcome of the last compaction (status, reason, counts), for status readers.
+    last_compaction: Mapped[str | None] = mapped_column(Text)
+
+
+class SessionAlias(Base):
+    """Another host session key for the same conversation.
+
+    Hermes rotates to a new session id at a compaction boundary
+    (``on_session_start(new, boundary_reason="compression", old_session_id=old)``); the
+    conversation, its messages and its DAG continue, so the new key points at the same session.
+    """
+
+    __tablename__ = "lcm_session_aliases"
+
+    agent_id: Mapped[int] = mapped_column(ForeignKey("lcm_agents.id"), primary_key=True)
+    session_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("lcm_sessions.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class CarriedSummary(Base):
+    """A summary of an earlier session carried into a new one on /new (raw rows stay put)."""
+
+    __tablename__ = "lcm_carried_summaries"
+
+    session_id: Mapped[int] = mapped_column(ForeignKey("lcm_sessions.id"), primary_key=True)
+    summary_id: Mapped[int] = mapped_column(ForeignKey("lcm_summaries.id"), primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer)
 
 
 class Payload(Base):

@@ -30,6 +30,8 @@ class SessionRecord:
     token_count: int
     covered_seq: int
     covered_tokens: int
+    host_view_seq: int = 0
+    last_compaction: dict[str, Any] | None = None
 
     @property
     def raw_tokens(self) -> int:
@@ -84,6 +86,7 @@ class AppendResult:
     store_ids: tuple[int, ...]
     new_flags: tuple[bool, ...]
     last_identity: str
+    token_counts: tuple[int, ...] = ()  # lcm's token count of each input message
 
     @property
     def inserted(self) -> int:

@@ -39,7 +39,16 @@ from lcm.errors import (
 )
 from lcm.messages import CONTENT_TEXT, EncodedMessage, chain_identity, decode_message
 from lcm.messages import encode_message, message_text, uid_identity
-from lcm.models import Agent, Message, Payload, Session, Summary, SummarySource
+from lcm.models import (
+    Agent,
+    CarriedSummary,
+    Message,
+    Payload,
+    Session,
+    SessionAlias,
+    Summary,
+    SummarySource,
+)
 from lcm.records import (
     SORT_MODES,
     AppendResult,
@@ -70,6 +79,8 @@ agents_t = Agent.__table__
 summaries_t = Summary.__table__
 edges_t = SummarySource.__table__
 payloads_t = Payload.__table__
+aliases_t = SessionAlias.__table__
+carried_t = CarriedSummary.__table__
 
 
 def _fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[Any]], Any]) -> list[Any]:
@@ -227,6 +238,8 @@ class Store:
             created_at=m["created_at"], updated_at=m["updated_at"], last_seq=m["last_seq"],
             message_count=m["message_count"], token_count=m["token_count"],
             covered_seq=m["covered_seq"], covered_tokens=m["covered_tokens"],
+            host_view_seq=m["host_view_seq"],
+            last_compaction=codec.decode_json(m["last_compaction"]) if m["last_compaction"] else None,
         )
 
     def get_or_create_session(
@@ -266,13 +279,60 @@ class Store:
         return self._session_record(row)
 
     def find_session(self, agent: str, session_key: str) -> SessionRecord | None:
+        """The agent's session with this host key, or the one the key is an alias of."""
         with self._read() as conn:
             agent_pk = self._agent_pk(conn, agent, create=False)
             if agent_pk is None:
                 return None
             row = conn.execute(self._session_select().where(
                 sessions_t.c.agent_id == agent_pk, sessions_t.c.session_key == session_key)).first()
+            if row is None:
+                row = conn.execute(self._session_select().join(
+                    aliases_t, aliases_t.c.session_id == sessions_t.c.id).where(
+                    aliases_t.c.agent_id == agent_pk, aliases_t.c.session_key == session_key)).first()
         return self._session_record(row) if row is not None else None
+
+    def alias_session(self, agent: str, session_key: str, session_pk: int) -> SessionRecord:
+        """Make ``session_key`` another name of the agent's session ``session_pk``.
+
+        Idempotent. A key that already names a session of its own keeps naming it (returned
+        unchanged): an alias never hides stored messages.
+        """
+        _short_text("session id", session_key, 255)
+        existing = self.find_session(agent, session_key)
+        if existing is not None:
+            return existing
+        target = self.get_session(session_pk, agent=agent)
+        with self._write() as conn:
+            self.backend.insert_ignore(conn, aliases_t, [{
+                "agent_id": target.agent_pk, "session_key": session_key,
+                "session_id": session_pk, "created_at": time.time()}], ["agent_id", "session_key"])
+        found = self.find_session(agent, session_key)
+        assert found is not None
+        return found
+
+    def session_keys(self, session_pk: int) -> list[str]:
+        """Every host key of a session: its own first, then aliases in creation order."""
+        with self._read() as conn:
+            own = conn.execute(select(sessions_t.c.session_key).where(
+                sessions_t.c.id == session_pk)).scalar()
+            if own is None:
+                return []
+            aliases = conn.execute(select(aliases_t.c.session_key).where(
+                aliases_t.c.session_id == session_pk).order_by(aliases_t.c.created_at)).scalars().all()
+        return [own, *aliases]
+
+    def set_host_view(self, session_pk: int, first_seq: int) -> None:
+        """Record where the transcript lcm just handed the host starts (after its summary)."""
+        with self._write() as conn:
+            conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                host_view_seq=_int_arg("first_seq", first_seq, low=0)))
+
+    def record_compaction(self, session_pk: int, outcome: Mapping[str, Any]) -> None:
+        """Keep the last compaction's outcome with the session (status readers anywhere)."""
+        with self._write() as conn:
+            conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                last_compaction=codec.encode_json(dict(outcome))))
 
     def get_session(self, session_pk: int, *, agent: str | None = None) -> SessionRecord:
         """The session with this internal id (of ``agent`` when given) or NotFoundError."""
@@ -390,6 +450,7 @@ class Store:
             store_ids=tuple(known[i] for i in identities),
             new_flags=tuple(new_flags),
             last_identity=prev,
+            token_counts=tuple(p.token_count for p in prepared),
         )
 
     def _lock_session(self, conn: Connection, session_pk: int) -> Mapping[str, Any]:
@@ -473,6 +534,18 @@ class Store:
             rows = conn.execute(stmt.order_by(messages_t.c.id).limit(limit + 1)).all()
             records = self._records(conn, rows[:limit])
         return records, (records[-1].store_id if len(rows) > limit else None)
+
+    def latest_messages(self, session_pk: int, *, roles: Sequence[str], limit: int,
+                        min_seq: int = 1, max_seq: int | None = None) -> list[MessageRecord]:
+        """The session's newest messages with one of ``roles`` in ``min_seq..max_seq``, newest first."""
+        _int_arg("limit", limit, low=1, high=MAX_PAGE_LIMIT)
+        stmt = self._message_select().where(
+            messages_t.c.session_id == session_pk, messages_t.c.role.in_(list(roles)),
+            messages_t.c.seq >= min_seq)
+        if max_seq is not None:
+            stmt = stmt.where(messages_t.c.seq <= max_seq)
+        with self._read() as conn:
+            return self._records(conn, conn.execute(stmt.order_by(messages_t.c.seq.desc()).limit(limit)).all())
 
     def get_message(self, store_id: int, *, agent: str) -> MessageRecord | None:
         """The message with this store id if it belongs to ``agent`` (else None: not found)."""
@@ -704,6 +777,32 @@ class Store:
             rows = _fetch_in(conn, ids, lambda chunk: select(summaries_t).where(summaries_t.c.id.in_(chunk)))
             by_node = {r.id: self._summary_record(r) for r in rows}
             return [by_node[i] for i in ids], node.source_count
+
+    def carry_summaries(self, session_pk: int, summary_ids: Sequence[int]) -> int:
+        """Carry summaries of the agent's earlier sessions into ``session_pk`` (idempotent)."""
+        session = self.get_session(session_pk)
+        ids = list(dict.fromkeys(summary_ids))
+        if not ids:
+            return 0
+        with self._write() as conn:
+            rows = _fetch_in(conn, ids, lambda chunk: select(summaries_t.c.id, summaries_t.c.agent_id).where(
+                summaries_t.c.id.in_(chunk)))
+            if len(rows) != len(ids) or any(agent != session.agent_pk for _, agent in rows):
+                raise NotFoundError("some summaries to carry do not exist for this agent")
+            start = conn.execute(select(func.coalesce(func.max(carried_t.c.ordinal), -1)).where(
+                carried_t.c.session_id == session_pk)).scalar_one() + 1
+            self.backend.insert_ignore(conn, carried_t, [
+                {"session_id": session_pk, "summary_id": sid, "ordinal": start + i}
+                for i, sid in enumerate(ids)], ["session_id", "summary_id"])
+        return len(ids)
+
+    def carried_summaries(self, session_pk: int) -> list[SummaryRecord]:
+        """Summaries carried into the session from earlier ones, in the order carried."""
+        with self._read() as conn:
+            rows = conn.execute(select(summaries_t).join(
+                carried_t, carried_t.c.summary_id == summaries_t.c.id).where(
+                carried_t.c.session_id == session_pk).order_by(carried_t.c.ordinal)).all()
+        return [self._summary_record(r) for r in rows]
 
     def uncondensed_summaries(self, session_pk: int) -> list[SummaryRecord]:
         """The session's summaries not condensed into a parent, highest depth first, then oldest."""

@@ -79,12 +79,21 @@ def write_at_0001(conn) -> None:
                       "VALUES (1, 0, 1, NULL), (1, 1, 2, NULL)"))
 
 
-WRITERS = {"0001_core_schema": write_at_0001}
+def write_at_0002(conn) -> None:
+    """0002 adds the search index: on PostgreSQL rows then carry vectors written by lcm."""
+    write_at_0001(conn)
+    if conn.dialect.name == "postgresql":
+        from lcm.backends.postgres import PostgresBackend
+
+        PostgresBackend().rebuild_search_index(conn)
+
+
+WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002}
 
 
 def verify_old_data(store: Store) -> None:
     session = store.find_session("old-agent", "old-session")
-    assert session is not None
+    assert session is not None and session.host_view_seq == 0
     assert [m.message for m in store.get_messages(session.id)] == OLD_MESSAGES
     hits = store.search_messages("marmot", agent="old-agent", session_pk=session.id).hits
     assert [h.role for h in hits] == ["assistant", "user"]
