@@ -1,0 +1,121 @@
+"""A scripted OpenAI-compatible chat server on 127.0.0.1 for tests (a real HTTP peer).
+
+Every request body is logged. What it answers is decided by ``server.handler``: a function of
+the request body returning a :class:`Reply` (status, JSON or raw body, optional delay). Helpers
+build the common answers: a text completion, a tool call, an error status, a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None  # dict -> JSON; str -> raw text
+    delay: float = 0.0
+
+
+def completion(text: str | None, *, tool_calls: list[dict] | None = None, model: str = "scripted",
+               prompt_tokens: int = 0, completion_tokens: int = 0) -> Reply:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return Reply(200, {
+        "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    })
+
+
+def tool_call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def error(status: int, message: str = "scripted failure") -> Reply:
+    return Reply(status, {"error": {"message": message, "type": "scripted"}})
+
+
+@dataclass
+class ScriptedLLM:
+    handler: Callable[[dict[str, Any]], Reply] = field(default=lambda body: completion("ok"))
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_GET(self) -> None:  # /v1/models, probed by some clients
+                self._send(Reply(200, {"object": "list", "data": [
+                    {"id": "scripted", "object": "model", "owned_by": "tests"}]}))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b"{}"
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {"_unparsed": raw.decode("utf-8", "replace")}
+                server.requests.append(body)
+                server.paths.append(self.path)
+                server.headers.append(dict(self.headers))
+                try:
+                    reply = server.handler(body)
+                except Exception as exc:  # noqa: BLE001 - a handler bug becomes a 500, visibly
+                    reply = error(500, f"handler raised {type(exc).__name__}: {exc}")
+                if reply.delay:
+                    time.sleep(reply.delay)
+                self._send(reply)
+
+            def _send(self, reply: Reply) -> None:
+                payload = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})
+                data = payload.encode("utf-8")
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    @staticmethod
+    def system_prompt(body: dict[str, Any]) -> str:
+        msgs = body.get("messages") or []
+        return msgs[0].get("content", "") if msgs and msgs[0].get("role") == "system" else ""
+
+    @staticmethod
+    def last_user(body: dict[str, Any]) -> str:
+        for msg in reversed(body.get("messages") or []):
+            if msg.get("role") == "user":
+                content = msg.get("content")
+                return content if isinstance(content, str) else json.dumps(content)
+        return ""
