@@ -28,6 +28,10 @@ from lcm.errors import InvalidMessageError
 CORE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 #: Keys the host adds for its own bookkeeping: stripped on ingest, never part of identity.
 HOST_MARKER_KEYS = frozenset({"_db_persisted"})
+#: Keys a host adds to a message *after* sending it (Hermes stamps ``api_content``, the exact
+#: bytes sent, onto the current user turn): stored as first seen, never part of identity, so
+#: the stamped and unstamped copies of one message are one message.
+VOLATILE_KEYS = HOST_MARKER_KEYS | {"api_content"}
 #: Content + tool-call text longer than this is stored as a compressed, deduplicated payload.
 PAYLOAD_MIN_CHARS = 65_536
 #: Longest role / tool_call_id / name kept in an indexed column (longer values go to ``extra``).
@@ -71,12 +75,12 @@ def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def content_hash(message: Mapping[str, Any]) -> str:
-    """A stable hash of everything in the message except host bookkeeping markers.
+    """A stable hash of everything in the message except host bookkeeping (``VOLATILE_KEYS``).
 
     Key order does not matter (a host that re-serialises a message in another order is still
     sending the same message); every value, type and nesting does.
     """
-    body = {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
+    body = {k: v for k, v in message.items() if k not in VOLATILE_KEYS}
     try:
         canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

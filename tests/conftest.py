@@ -98,3 +98,39 @@ def store(db_url: str) -> Store:
 @pytest.fixture
 def session(store: Store):
     return store.get_or_create_session("agent-a", "session-1", platform="cli")
+
+
+# --------------------------------------------------------------------------- engine fixtures
+
+#: Small sizes so compaction, condensation and budgets all trigger on small conversations.
+SMALL_ENGINE = dict(fresh_tail_count=6, leaf_chunk_tokens=400, condensation_fanin=3,
+                    incremental_max_depth=2, leaf_target_tokens=80, condensed_target_tokens=100)
+
+
+@pytest.fixture
+def llm():
+    """A scripted OpenAI-compatible server on 127.0.0.1 (tests set ``llm.handler``)."""
+    from tests.llm_server import ScriptedLLM
+
+    server = ScriptedLLM()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def make_engine(db_url: str):
+    """Engines on the test database, with SMALL_ENGINE sizes unless overridden."""
+    from lcm.config import LcmConfig
+    from lcm.engine import LcmEngine
+
+    Store.open(db_url, upgrade=True)
+
+    def factory(context_length: int = 3000, **overrides):
+        config = LcmConfig.from_env({}, database_url=db_url, **{**SMALL_ENGINE, **overrides})
+        engine = LcmEngine(config)
+        engine.update_model("test-model", context_length)
+        return engine
+
+    return factory

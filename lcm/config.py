@@ -1,0 +1,122 @@
+"""Engine settings: the contract's ``LCM_*`` variables, read once, validated, immutable.
+
+``LcmConfig.from_env()`` reads the environment when an engine is constructed (two engines in
+one process may differ); a bad value raises ``ValueError`` naming the variable and what it
+accepts. Nothing here touches the disk or the network.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Mapping
+
+SUMMARIZER_CHOICES = ("auto", "llm", "extractive")
+
+
+def _parse_int(name: str, raw: str, low: int, high: int | None) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def _parse_float(name: str, raw: str, low: float, high: float) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    if not low < value <= high:
+        raise ValueError(f"{name} must be greater than {low} and at most {high}, got {value}")
+    return value
+
+
+def _spec(default: Any, env: str, parse: Callable[[str, str], Any], doc: str) -> Any:
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+
+
+def _int(low: int, high: int | None = None) -> Callable[[str, str], int]:
+    return lambda name, raw: _parse_int(name, raw, low, high)
+
+
+def _text(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _models(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in raw.split(",") if m.strip())
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class LcmConfig:
+    """Every engine setting, with the contract's defaults."""
+
+    database_url: str | None = _spec(None, "LCM_DATABASE_URL", _text, "database URL (default: lcm.db in the Hermes home, else ~/.lcm)")
+    agent_id: str | None = _spec(None, "LCM_AGENT_ID", _text, "agent scope (default: the Hermes profile, else 'default')")
+    context_threshold: float = _spec(0.75, "LCM_CONTEXT_THRESHOLD", lambda n, r: _parse_float(n, r, 0.0, 1.0), "fraction of the window that triggers compaction")
+    fresh_tail_count: int = _spec(32, "LCM_FRESH_TAIL_COUNT", _int(1), "newest messages kept verbatim")
+    fresh_tail_max_tokens: int = _spec(0, "LCM_FRESH_TAIL_MAX_TOKENS", _int(0), "token cap on the fresh tail (0 = off)")
+    leaf_chunk_tokens: int = _spec(20_000, "LCM_LEAF_CHUNK_TOKENS", _int(200), "largest raw run summarized by one leaf")
+    condensation_fanin: int = _spec(4, "LCM_CONDENSATION_FANIN", _int(2, 64), "same-depth summaries condensed into one")
+    incremental_max_depth: int = _spec(3, "LCM_INCREMENTAL_MAX_DEPTH", _int(-1), "highest depth built (-1 unlimited, 0 leaves only)")
+    max_assembly_tokens: int = _spec(0, "LCM_MAX_ASSEMBLY_TOKENS", _int(0), "hard cap on the assembled prompt (0 = the context window)")
+    new_session_retain_depth: int = _spec(2, "LCM_NEW_SESSION_RETAIN_DEPTH", _int(-1), "summaries of at least this depth carried into the next session on /new (-1 all, 0 none)")
+    summary_base_url: str | None = _spec(None, "LCM_SUMMARY_BASE_URL", _text, "OpenAI-compatible endpoint for summaries")
+    summary_model: str | None = _spec(None, "LCM_SUMMARY_MODEL", _text, "model for summaries")
+    summary_api_key: str | None = _spec(None, "LCM_SUMMARY_API_KEY", _text, "key for that endpoint")
+    summary_fallback_models: tuple[str, ...] = _spec((), "LCM_SUMMARY_FALLBACK_MODELS", _models, "comma list of models tried in order")
+    summary_timeout_ms: int = _spec(60_000, "LCM_SUMMARY_TIMEOUT_MS", _int(100, 3_600_000), "timeout of one summary call")
+    summarizer: str = _spec("auto", "LCM_SUMMARIZER", _choice(SUMMARIZER_CHOICES), "auto, llm or extractive")
+    expansion_context_tokens: int = _spec(32_000, "LCM_EXPANSION_CONTEXT_TOKENS", _int(256), "evidence budget of lcm_expand_query")
+    # Extensions beyond the contract (documented in docs/engine.md):
+    leaf_target_tokens: int = _spec(1_200, "LCM_LEAF_TARGET_TOKENS", _int(50), "size a leaf summary aims for")
+    condensed_target_tokens: int = _spec(1_600, "LCM_CONDENSED_TARGET_TOKENS", _int(50), "size a condensed summary aims for")
+    max_passes: int = _spec(12, "LCM_MAX_PASSES", _int(1, 1000), "summaries written by one compress() call at most")
+    max_compaction_seconds: int = _spec(300, "LCM_MAX_COMPACTION_SECONDS", _int(1, 86_400), "time one compress() call may spend")
+    breaker_failures: int = _spec(2, "LCM_SUMMARY_BREAKER_FAILURES", _int(1, 100), "consecutive failures that open a route's breaker")
+    breaker_cooldown_seconds: int = _spec(300, "LCM_SUMMARY_BREAKER_COOLDOWN_SECONDS", _int(1, 86_400), "how long an open breaker skips its route")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "LcmConfig":
+        """Settings from the environment (``environ`` defaults to ``os.environ``), then overrides."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f.metadata["env"])
+            if raw is not None and raw.strip() != "":
+                values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        config = cls(**values)
+        return replace(config, **overrides) if overrides else config
+
+    @property
+    def leaf_target(self) -> int:
+        """The leaf summary size actually aimed for: never more than a quarter of a chunk."""
+        return min(self.leaf_target_tokens, max(50, self.leaf_chunk_tokens // 4))
+
+    def can_condense_to(self, depth: int) -> bool:
+        """Whether a summary of ``depth`` may be built (LCM_INCREMENTAL_MAX_DEPTH)."""
+        return self.incremental_max_depth < 0 or depth <= self.incremental_max_depth
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(variable, current value, meaning) for docs and status; secrets masked."""
+        rows = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            shown = "***" if f.name == "summary_api_key" and value else (
+                ",".join(value) if isinstance(value, tuple) else str(value))
+            rows.append((f.metadata["env"], shown, f.metadata["doc"]))
+        return rows

@@ -1,0 +1,80 @@
+"""Reading a host transcript: which messages are conversation, which are lcm's own summary,
+which user messages are real human turns, and where a transcript may be cut.
+
+A *cut* is a boundary in a stored conversation before which messages may be summarized and
+after which the verbatim part continues. lcm only cuts right before an ``assistant`` message:
+then the assembled context ``[system] + summary (role user) + raw messages`` always starts its
+non-system part with a user message, never has two user messages in a row, and a tool result
+can never be separated from the assistant message that called it (results follow their call and
+precede the next assistant message). No verbatim message is ever edited to make a sequence valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from lcm.messages import content_text
+
+#: First line of every summary message lcm puts into a context (how it recognises its own
+#: summary when the host sends it back, with or without the ``_compressed_summary`` key).
+SUMMARY_MARKER = "[LCM CONTEXT SUMMARY — REFERENCE ONLY]"
+SUMMARY_END = "--- END OF LCM CONTEXT SUMMARY — respond to the messages below, not to the summary ---"
+#: lcm's reply to its own summary, used only when the verbatim part starts with a user message
+#: (a new session carrying summaries): user and assistant turns must alternate, and a system
+#: message is no place for it (some provider adapters keep only the last system message).
+SUMMARY_ACK = f"{SUMMARY_MARKER} Noted: the summary above is background. The conversation continues below."
+COMPRESSED_SUMMARY_KEY = "_compressed_summary"
+
+# Host scaffolding that rides in user-role messages (Hermes marks it with flags or prefixes).
+_SYNTHETIC_PREFIXES = (
+    "[System: ",
+    "[Your active task list was preserved",
+    "[IMPORTANT: Background process ",
+    "[CONTEXT COMPACTION",
+    "[CONTEXT SUMMARY]:",
+    SUMMARY_MARKER,
+)
+
+
+def role_of(message: Any) -> str | None:
+    return message.get("role") if isinstance(message, Mapping) else None
+
+
+def is_lcm_summary(message: Any) -> bool:
+    """True for a summary message lcm generated (returned to the host and sent back)."""
+    if not isinstance(message, Mapping):
+        return False
+    text = content_text(message.get("content")).lstrip()
+    return text.startswith(SUMMARY_MARKER)
+
+
+def is_synthetic(message: Mapping[str, Any]) -> bool:
+    """Host scaffolding flags such as Hermes' ``_todo_snapshot_synthetic``."""
+    return any(k.startswith("_") and k.endswith("_synthetic") and message.get(k) for k in message)
+
+
+def is_real_user(message: Any) -> bool:
+    """A user turn a person wrote (not host scaffolding, not a summary, not empty)."""
+    if role_of(message) != "user" or is_synthetic(message):
+        return False
+    text = content_text(message.get("content")).strip()
+    return bool(text) and not text.startswith(_SYNTHETIC_PREFIXES)
+
+
+def split_transcript(messages: Sequence[Any]) -> tuple[Mapping[str, Any] | None, list[Mapping[str, Any]]]:
+    """(leading system prompt or None, conversation messages without lcm summaries).
+
+    The host rebuilds its system prompt every turn, so it is passed through, not stored; a
+    system message anywhere else is conversation like any other.
+    """
+    system = None
+    start = 0
+    if messages and role_of(messages[0]) == "system" and not is_lcm_summary(messages[0]):
+        system, start = messages[0], 1
+    conversation = [m for m in messages[start:] if not is_lcm_summary(m)]
+    return system, conversation
+
+
+def valid_cut_before(roles: Sequence[str | None], index: int) -> bool:
+    """May a transcript (by roles) be cut right before position ``index``?"""
+    return 0 < index < len(roles) and roles[index] == "assistant"

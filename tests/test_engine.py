@@ -1,0 +1,412 @@
+"""LcmEngine on both backends: ingest exactly once, compaction, assembly, sessions, copies."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from lcm.config import LcmConfig
+from lcm.engine import LcmEngine
+from lcm.store import Store
+from lcm.transcript import SUMMARY_MARKER
+
+from tests.conversation import conversation, newest_user_index, sequence_problems, turn
+from tests.llm_server import completion
+
+SYSTEM = {"role": "system", "content": "You are a careful agent."}
+
+
+def host_tokens(transcript) -> int:
+    """The host's rough estimate of a request (what Hermes passes as current_tokens)."""
+    return sum(len(json.dumps(m)) // 4 for m in transcript)
+
+
+def stored(engine: LcmEngine) -> list[dict]:
+    return [m.message for m in engine.store.get_messages(engine.session.id)]
+
+
+def healthy(engine: LcmEngine) -> None:
+    bad = [c for c in engine.store.integrity_checks(deep=True) if c.status == "fail"]
+    assert not bad, bad
+
+
+def run_host(engine: LcmEngine, turns: int, *, start: int = 0, transcript=None, notify: bool = True,
+             **turn_kw):
+    """Drive the engine like Hermes: grow the transcript, compress under pressure, keep the
+    result; ``notify`` also reports each finished turn (hosts newer than Hermes 0.19 do)."""
+    transcript = list(transcript) if transcript is not None else [SYSTEM]
+    sent = []
+    for i in range(start, start + turns):
+        new = turn(i, **turn_kw)
+        transcript.extend(new)
+        sent.extend(new)
+        tokens = host_tokens(transcript)
+        if engine.should_compress(tokens):
+            transcript = engine.compress(transcript, current_tokens=tokens)
+        if notify:
+            engine.on_turn_complete(transcript)
+    return transcript, sent
+
+
+# --------------------------------------------------------------------------- construction
+
+
+def test_construction_and_copies_do_no_io(tmp_path, monkeypatch):
+    path = tmp_path / "never.db"
+    monkeypatch.setenv("LCM_DATABASE_URL", f"sqlite:///{path}")
+    engine = LcmEngine()
+    clone = copy.deepcopy(engine)
+    assert engine.name == "lcm" and engine.get_tool_schemas() and clone is not engine
+    assert engine.clone_for_agent() is not engine
+    assert not path.exists() and not tmp_path.joinpath("never.db-wal").exists()
+
+
+@pytest.mark.parametrize("var,value", [("LCM_CONTEXT_THRESHOLD", "2"), ("LCM_FRESH_TAIL_COUNT", "many"),
+                                       ("LCM_SUMMARIZER", "magic"), ("LCM_CONDENSATION_FANIN", "1")])
+def test_bad_settings_are_refused_with_the_variable_named(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=var):
+        LcmEngine()
+
+
+def test_copies_share_the_store_not_the_session(make_engine):
+    engine = make_engine()
+    engine.on_session_start("a1")
+    clone = engine.clone_for_agent()
+    assert clone.store is engine.store and clone._session is None
+    clone.on_session_start("a2")
+    engine.compress([SYSTEM, *turn(1)])
+    clone.compress([SYSTEM, *turn(2)])
+    assert engine.session.session_key == "a1" and clone.session.session_key == "a2"
+    assert len(stored(engine)) == len(stored(clone)) == 4
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def test_every_entry_point_stores_exactly_once(make_engine):
+    engine = make_engine(context_length=100_000)
+    engine.on_session_start("s", platform="cli")
+    msgs = [SYSTEM, *turn(0), *turn(1)]
+    engine.on_turn_complete(msgs, usage={"prompt_tokens": 50})
+    engine.handle_tool_call("lcm_status", {}, messages=msgs)
+    assert engine.compress(msgs) is msgs  # nothing to do: the official no-op
+    engine.on_session_end("s", msgs + turn(2))
+    assert stored(engine) == msgs[1:] + turn(2)  # the system prompt is the host's, not stored
+    fresh = make_engine(context_length=100_000)  # a restart: no memory of what was seen
+    fresh.on_session_start("s")
+    fresh.compress(msgs + turn(2) + turn(3))
+    assert stored(fresh) == msgs[1:] + turn(2) + turn(3)
+
+
+def test_repeated_content_is_kept_and_uids_are_identities(make_engine):
+    engine = make_engine(context_length=100_000)
+    engine.on_session_start("s")
+    msgs = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"}]
+    engine.on_turn_complete(msgs)
+    engine.on_turn_complete(msgs)
+    assert stored(engine) == msgs
+    uid_msgs = [{"role": "user", "content": "same", "message_uid": "m1"},
+                {"role": "user", "content": "same", "message_uid": "m2"}]
+    engine.on_turn_complete(msgs + uid_msgs)
+    engine.on_turn_complete(uid_msgs)  # out of context, still recognised by uid
+    assert stored(engine)[4:] == uid_msgs
+
+
+def test_api_content_stamped_later_is_the_same_message(make_engine):
+    engine = make_engine(context_length=100_000)
+    engine.on_session_start("s")
+    msgs = [{"role": "user", "content": "hello"}]
+    engine.on_turn_complete(msgs)
+    msgs[0]["api_content"] = "hello + memory context"  # Hermes stamps the sent bytes afterwards
+    engine.on_turn_complete([dict(msgs[0]), {"role": "assistant", "content": "hi"}])
+    assert [m["content"] for m in stored(engine)] == ["hello", "hi"]
+
+
+def test_compaction_then_host_transcript_adds_only_new_messages(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    transcript, sent = run_host(engine, 24)
+    assert engine.compression_count >= 2
+    assert stored(engine) == sent  # every message once, in order, byte-identical
+    restarted = make_engine()
+    restarted.on_session_start("s")
+    again, more = run_host(restarted, 3, start=24, transcript=transcript)
+    assert stored(restarted) == sent + more
+    healthy(restarted)
+
+
+def test_a_host_that_only_calls_compress_loses_nothing(make_engine):
+    """Hermes 0.19 hands the transcript over only through compress(): what it has handed over
+    is stored exactly, and the rest arrives with the next call."""
+    engine = make_engine()
+    engine.on_session_start("s")
+    transcript, sent = run_host(engine, 24, notify=False)
+    got = stored(engine)
+    assert got == sent[: len(got)] and len(got) > len(sent) // 2
+    engine.compress(transcript, current_tokens=1)
+    assert stored(engine) == sent
+
+
+def test_resending_the_full_transcript_after_compaction_adds_nothing(make_engine):
+    """Regression: a host that re-sends everything (a restart without session rotation) after
+    lcm compacted must not have the early messages stored a second time."""
+    engine = make_engine()
+    engine.on_session_start("s")
+    full = [SYSTEM, *conversation(20)]
+    engine.compress(full, current_tokens=2900, force=True)
+    before = stored(engine)
+    for fresh in (engine, make_engine()):
+        fresh.on_session_start("s")
+        fresh.compress(full + turn(50), current_tokens=2900)
+        assert stored(fresh) == before + turn(50)
+
+
+def test_own_summary_message_is_never_stored(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    transcript, sent = run_host(engine, 20)
+    assert transcript[1]["content"].startswith(SUMMARY_MARKER)
+    echoed = [transcript[0], {k: v for k, v in transcript[1].items() if k != "_compressed_summary"},
+              *transcript[2:]]
+    engine.on_turn_complete(echoed)  # the summary comes back even without its marker key
+    assert not any(SUMMARY_MARKER in json.dumps(m) for m in stored(engine))
+
+
+def test_invalid_message_leaves_the_transcript_unchanged(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    msgs = [SYSTEM, *conversation(10), {"content": "no role"}]
+    assert engine.compress(msgs, current_tokens=9999) is msgs
+    assert "cannot be stored" in engine.get_status()["last_compaction"]["reason"]
+
+
+# --------------------------------------------------------------------------- compaction & assembly
+
+
+def test_compress_output_follows_the_contract(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(20)]
+    out = engine.compress(transcript, current_tokens=2900, force=True)
+    assert len(out) < len(transcript)
+    assert sequence_problems(out, system=SYSTEM) == []
+    summary = out[1]
+    assert summary["role"] == "user" and summary["_compressed_summary"] is True
+    assert summary["content"].startswith(SUMMARY_MARKER)
+    assert "node_id=" in summary["content"] and "Expand for details about:" in summary["content"]
+    # the fresh tail: verbatim, holding the newest user message and everything after it
+    newest = newest_user_index(transcript)
+    k = len(transcript) - newest
+    assert out[-k:] == transcript[-k:]
+    assert out[2]["role"] == "assistant"
+    # the same transcript again, nothing new: identical output (prompt caches stay warm) ...
+    assert engine.compress(transcript, current_tokens=2900) == out
+    assert engine.compress(transcript, current_tokens=2900) == out
+    # ... and the host's own copy back: nothing to do
+    assert engine.compress(out, current_tokens=1000) is out
+
+
+def test_compaction_gets_under_the_threshold_and_records_why(make_engine):
+    engine = make_engine(context_length=3000, max_passes=40)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(30)]
+    out = engine.compress(transcript, current_tokens=host_tokens(transcript))
+    last = engine.get_status()["last_compaction"]
+    assert last["status"] == "compacted" and last["tokens_after"] < engine.threshold_tokens
+    assert last["passes"] >= 2 and last["leaves"] >= 1
+    assert sum(len(json.dumps(m)) for m in out) < sum(len(json.dumps(m)) for m in transcript)
+    healthy(engine)
+
+
+def test_passes_are_bounded_and_the_rest_continues_next_time(make_engine):
+    engine = make_engine(max_passes=1)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(30)]
+    first = engine.compress(transcript, current_tokens=host_tokens(transcript))
+    status = engine.get_status()["last_compaction"]
+    assert status["status"] == "partial" and "LCM_MAX_PASSES" in status["reason"]
+    engine.compress(first, current_tokens=host_tokens(transcript))
+    assert engine.store.get_session(engine.session.id).covered_seq > 0
+    assert sum(d.count for d in engine.store.depth_stats(engine.session.id)) == 2
+
+
+def test_nothing_outside_the_fresh_tail_is_a_reason_not_a_loop(make_engine):
+    engine = make_engine(fresh_tail_count=64)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(5)]
+    assert engine.compress(transcript, current_tokens=100_000) is transcript
+    reason = engine.get_status()["last_compaction"]["reason"]
+    assert "fresh tail" in reason
+    assert not engine.should_compress(100_000)  # nothing changed since: no empty promise
+    assert engine.should_compress(100_001)
+
+
+def test_force_runs_a_pass_below_the_threshold(make_engine):
+    engine = make_engine(context_length=1_000_000)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(12)]
+    assert engine.compress(transcript, current_tokens=500) is transcript
+    out = engine.compress(transcript, current_tokens=500, force=True)
+    assert out is not transcript and engine.get_status()["last_compaction"]["leaves"] == 1
+
+
+def test_condensation_fanin_and_max_depth(make_engine):
+    engine = make_engine(condensation_fanin=2, incremental_max_depth=1, leaf_chunk_tokens=200)
+    engine.on_session_start("s")
+    run_host(engine, 40)
+    depths = {d.depth: d for d in engine.store.depth_stats(engine.session.id)}
+    assert set(depths) == {0, 1} and depths[1].count >= 2
+    assert depths[0].uncondensed < 2  # every full run of 2 leaves was condensed
+    leaves_only = make_engine(incremental_max_depth=0)
+    leaves_only.on_session_start("t")
+    run_host(leaves_only, 30)
+    assert {d.depth for d in leaves_only.store.depth_stats(leaves_only.session.id)} == {0}
+
+
+def test_a_tool_group_is_never_split_and_a_giant_message_is_its_own_leaf(make_engine):
+    engine = make_engine(leaf_chunk_tokens=300)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *turn(0, tools=6), *turn(1, user="huge " * 2000), *conversation(6)]
+    engine.compress(transcript, current_tokens=host_tokens(transcript))
+    for leaf in engine.store.summaries(engine.session.id, depth=0):
+        msgs = [m.message for m in engine.store.get_messages(engine.session.id, first_seq=leaf.first_seq,
+                                                              last_seq=leaf.last_seq)]
+        assert sequence_problems([{"role": "user", "content": "x"}, *msgs]) == [] or msgs[0]["role"] == "user"
+        following = engine.store.get_messages(engine.session.id, first_seq=leaf.last_seq + 1, limit=1)
+        assert not following or following[0].role == "assistant"  # every leaf ends at a turn boundary
+    huge = [s for s in engine.store.summaries(engine.session.id, depth=0) if s.source_token_count > 1000]
+    assert huge and all(s.source_count <= 4 for s in huge)
+
+
+def test_assembly_cap_holds_whenever_the_tail_fits(make_engine):
+    engine = make_engine(context_length=100_000, max_assembly_tokens=1500, max_passes=1)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(40)]
+    out = engine.compress(transcript)  # no host estimate: no overhead beyond the messages
+    last = engine.get_status()["last_compaction"]
+    assert last["assembled_tokens"] <= 1500 and not last["over_budget"]
+    assert last["omitted_messages"] > 0 and "are not summarized yet and are left out" in out[1]["content"]
+    assert sequence_problems(out, system=SYSTEM) == []
+
+
+def test_a_tail_bigger_than_the_cap_is_reported(make_engine):
+    engine = make_engine(context_length=100_000, max_assembly_tokens=300, fresh_tail_count=30)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(12)]
+    engine.compress(transcript, current_tokens=host_tokens(transcript) + 90_000)
+    last = engine.get_status()["last_compaction"]
+    assert last["over_budget"] is True and "over budget" in last["reason"]
+
+
+def test_focus_topic_and_llm_summaries(make_engine, llm):
+    llm.handler = lambda body: completion("Summary: steps ran. Expand for details about: steps")
+    engine = make_engine(summary_base_url=llm.url, summary_model="sum-model")
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(20)]
+    engine.compress(transcript, current_tokens=host_tokens(transcript), focus_topic="the step-7 failure")
+    assert llm.requests and all(r["model"] == "sum-model" for r in llm.requests)
+    assert "the step-7 failure" in llm.requests[0]["messages"][0]["content"]
+    kinds = {s.kind for s in engine.store.summaries(engine.session.id)}
+    assert kinds <= {"llm", "llm-bullets"}
+    assert engine.get_status()["summarizer"]["route"].startswith("endpoint:sum-model")
+
+
+def test_a_backlog_is_worked_off_in_bounded_calls(make_engine, llm):
+    llm.handler = lambda body: completion("Short summary.")
+    engine = make_engine(summary_base_url=llm.url, summary_model="m", leaf_chunk_tokens=500, max_passes=4)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(80, size=60)]
+    for _ in range(6):
+        transcript = engine.compress(transcript, current_tokens=host_tokens(transcript))
+    biggest = max(len(json.dumps(r["messages"])) for r in llm.requests)
+    assert biggest < 500 * 4 * 2 + 4000  # a summarizer call never carries more than ~a chunk
+    healthy(engine)
+
+
+def test_should_compress_and_cheap_preflights(make_engine):
+    engine = make_engine(context_length=10_000)
+    assert not engine.should_compress(100) and engine.should_compress(7_500)
+    engine.update_from_response({"prompt_tokens": 8_000, "completion_tokens": 10})
+    assert engine.should_compress()
+    short = [SYSTEM, *turn(0)]
+    assert not engine.has_content_to_compress(short)
+    assert engine.has_content_to_compress([SYSTEM, *conversation(10)])
+    assert not engine.should_compress_preflight(short)
+    engine.on_session_reset()
+    assert engine.last_prompt_tokens == 0 and engine.get_status()["last_prompt_tokens"] == 0
+
+
+def test_get_status_clamps_the_host_sentinel(make_engine):
+    engine = make_engine()
+    engine.last_prompt_tokens = -1  # what Hermes sets right after a compaction
+    assert engine.get_status()["last_prompt_tokens"] == 0
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def test_compression_boundary_continues_the_same_conversation(make_engine):
+    engine = make_engine()
+    engine.on_session_start("first", platform="telegram")
+    transcript, sent = run_host(engine, 20)
+    session_pk = engine.session.id
+    engine.on_session_start("second", boundary_reason="compression", old_session_id="first")
+    assert engine.session.id == session_pk
+    transcript, more = run_host(engine, 2, start=20, transcript=transcript)
+    assert stored(engine) == sent + more
+    assert engine.store.find_session(engine.agent_id, "second").id == session_pk
+    assert engine.store.session_keys(session_pk) == ["first", "second"]
+
+
+def test_new_session_carries_deep_summaries_and_keeps_raw_messages(make_engine):
+    engine = make_engine(condensation_fanin=2, leaf_chunk_tokens=200, new_session_retain_depth=1)
+    engine.on_session_start("old")
+    run_host(engine, 40)
+    old = engine.session
+    deep = [n for n in engine.store.uncondensed_summaries(old.id) if n.depth >= 1]
+    assert deep
+    engine.on_session_end("old", [])
+    engine.on_session_reset()
+    engine.on_session_start("new", old_session_id="old")
+    assert engine.session.id != old.id
+    carried = engine.store.carried_summaries(engine.session.id)
+    assert {n.id for n in carried} == {n.id for n in deep}
+    # visible at once to the tools ...
+    overview = json.loads(engine.handle_tool_call("lcm_describe", {}))
+    assert any(n.get("carried") for d in overview["depths"].values() for n in d["nodes"])
+    # ... not forced into a tiny context (a result never grows) ...
+    small = [SYSTEM, *turn(100)]
+    assert engine.compress(small, current_tokens=100, force=True) is small
+    # ... and part of the context from the new session's first compaction on
+    transcript, _ = run_host(engine, 30, start=100, transcript=small[:1])
+    summary = next(m for m in transcript if m.get("_compressed_summary") and m["role"] == "user")
+    assert 'from_previous_session="true"' in summary["content"]
+    assert sequence_problems(transcript, system=SYSTEM) == []
+    assert engine.store.get_session(old.id).message_count == old.message_count  # raw rows stay
+    assert stored(engine)[0]["content"].startswith("Request 100")
+
+
+def test_retain_depth_zero_carries_nothing(make_engine):
+    engine = make_engine(new_session_retain_depth=0)
+    engine.on_session_start("old")
+    run_host(engine, 20)
+    engine.on_session_reset()
+    engine.on_session_start("new")
+    assert engine.store.carried_summaries(engine.session.id) == []
+
+
+def test_two_agents_on_one_database_stay_apart(db_url):
+    Store.open(db_url, upgrade=True)
+    a = LcmEngine(LcmConfig.from_env({}, database_url=db_url, agent_id="alice"))
+    b = LcmEngine(LcmConfig.from_env({}, database_url=db_url, agent_id="bob"))
+    for e in (a, b):
+        e.update_model("m", 100_000)
+        e.on_session_start("shared-id")
+    a.on_turn_complete([{"role": "user", "content": "alice secret kumquat"}])
+    b.on_turn_complete([{"role": "user", "content": "bob note"}])
+    assert a.session.id != b.session.id
+    assert json.loads(b.handle_tool_call("lcm_grep", {"query": "kumquat", "session_scope": "all"}))["results"] == []
