@@ -44,11 +44,11 @@ NODE_FRAMING_TOKENS = 40
 SUMMARY_FRAMING_TOKENS = 160
 
 
-def summary_message_cost(node_tokens: Sequence[int]) -> int:
-    """Estimated tokens of a summary message holding nodes of these sizes (0 for none)."""
-    if not node_tokens:
+def summary_message_cost(count: int, tokens: int) -> int:
+    """Estimated tokens of a summary message holding ``count`` nodes of ``tokens`` in all."""
+    if count <= 0:
         return 0
-    return SUMMARY_FRAMING_TOKENS + sum(t + NODE_FRAMING_TOKENS for t in node_tokens)
+    return SUMMARY_FRAMING_TOKENS + tokens + count * NODE_FRAMING_TOKENS
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from lcm.assembly import NODE_FRAMING_TOKENS, SUMMARY_FRAMING_TOKENS
 from lcm.config import LcmConfig
 from lcm.errors import IntegrityViolation
 from lcm.messages import content_text, tool_calls_text
-from lcm.records import MessageMeta, MessageRecord, NewSummary, SessionRecord, SummaryRecord
+from lcm.records import CompactionView, MessageMeta, MessageRecord, NewSummary, SessionRecord, SummaryRecord
 from lcm.store import Store
 from lcm.summarize import SummaryRequest, Summarizer
 from lcm.transcript import is_real_user
@@ -212,13 +212,14 @@ class Compactor:
                 return TailPlan(first_raw, lo + idx, newest_user)
             lo = max(first_raw, lo - 4 * TAIL_WINDOW_EXTRA)  # no assistant in the window: widen
 
-    def leaf_chunk(self, session: SessionRecord, plan: TailPlan) -> list[MessageMeta] | None:
+    def leaf_chunk(self, view: CompactionView, plan: TailPlan) -> list[MessageMeta] | None:
         if not plan.compactable:
             return None
+        session = view.session
         metas: list[MessageMeta] = []
         lo = plan.first_raw
         limit = plan.tail_start - plan.first_raw
-        worth = self._framing(session) + 2 * MIN_SUMMARY_TOKENS
+        worth = self._framing(view) + 2 * MIN_SUMMARY_TOKENS
         fetched = 0
         while True:
             hi = min(plan.tail_start, lo + META_PAGE)  # one message of lookahead for the cut
@@ -236,10 +237,10 @@ class Compactor:
                     return None
             lo = hi + 1
 
-    def condensable(self, session_pk: int) -> tuple[int, list[SummaryRecord]] | None:
+    def condensable(self, view: CompactionView) -> tuple[int, list[SummaryRecord]] | None:
         fanin = self.config.condensation_fanin
         by_depth: dict[int, list[SummaryRecord]] = {}
-        for node in self.store.uncondensed_summaries(session_pk):
+        for node in view.uncondensed:
             by_depth.setdefault(node.depth, []).append(node)
         for depth in sorted(by_depth):
             nodes = sorted(by_depth[depth], key=lambda n: n.first_seq)
@@ -258,19 +259,19 @@ class Compactor:
             meta={"route": draft.route, "focus": focus, "notes": list(draft.notes[:3])} if (
                 focus or draft.notes) else {"route": draft.route}))
 
-    def _framing(self, session: SessionRecord) -> int:
+    @staticmethod
+    def _framing(view: CompactionView) -> int:
         """What one more summary adds to the context besides its own text."""
-        has_summary = bool(self.store.uncondensed_summaries(session.id) or
-                           self.store.carried_summaries(session.id))
-        return NODE_FRAMING_TOKENS + (0 if has_summary else SUMMARY_FRAMING_TOKENS)
+        return NODE_FRAMING_TOKENS + (0 if view.nodes else SUMMARY_FRAMING_TOKENS)
 
-    def leaf_pass(self, session: SessionRecord, chunk: list[MessageMeta], focus: str | None
+    def leaf_pass(self, view: CompactionView, chunk: list[MessageMeta], focus: str | None
                   ) -> SummaryRecord | str:
+        session = view.session
         source_tokens = sum(m.token_count for m in chunk)
         # The summary must beat the source *including* what it adds around itself, so every
         # leaf written shrinks the context; the summarizer's marked truncation can always do
         # that once the chunk is worth a summary at all (see ``leaf_chunk``).
-        room = source_tokens - self._framing(session)
+        room = source_tokens - self._framing(view)
         small = (f"summarizing messages {chunk[0].seq}-{chunk[-1].seq} ({source_tokens} tokens) "
                  "would not make the context smaller")
         if room <= MIN_SUMMARY_TOKENS:
@@ -296,15 +297,27 @@ class Compactor:
             return f"summaries {[n.id for n in nodes]} cannot be condensed into anything shorter"
         return self._write(session, depth, draft, [n.id for n in nodes], focus)
 
-    def run(self, session_pk: int, *, estimate: Callable[[SessionRecord], int], target: int,
+    def run(self, session: SessionRecord, *, estimate: Callable[[SessionRecord], int], target: float,
             force: bool = False, focus: str | None = None) -> Outcome:
-        """Passes until under ``target`` (or a bound, or nothing left); see the module docstring."""
+        """Passes until under ``target`` (or a bound, or nothing left); see the module docstring.
+
+        ``session`` is the caller's latest view of the session; when it is already under the
+        target (and nothing forces a pass) the answer costs no query at all.
+        """
         started = time.monotonic()
         deadline = started + self.config.max_compaction_seconds
-        session = self.store.get_session(session_pk)
+        session_pk = session.id
         out = Outcome(tokens_before=estimate(session), at=time.time())
+        if out.tokens_before < target and not force:
+            out.status, out.reason = "not_needed", "the context is already under the target"
+            out.tokens_after = out.tokens_before
+            return out
+        view = self.store.compaction_view(session_pk)
+        out.tokens_before = estimate(view.session)
         pending_force = force
         while True:
+            if out.passes:
+                view = self.store.compaction_view(session_pk)
             if out.passes >= self.config.max_passes:
                 out.status, out.reason = "partial", (
                     f"stopped after {out.passes} summaries (LCM_MAX_PASSES); the rest continues "
@@ -315,9 +328,9 @@ class Compactor:
                     f"stopped after {self.config.max_compaction_seconds} s "
                     "(LCM_MAX_COMPACTION_SECONDS); the rest continues on the next compaction")
                 break
-            session = self.store.get_session(session_pk)
+            session = view.session
             try:
-                condense = self.condensable(session_pk)
+                condense = self.condensable(view)
                 if condense is not None:
                     depth, nodes = condense
                     made = self.condense_pass(session, depth, nodes, focus)
@@ -333,7 +346,7 @@ class Compactor:
                         out.status, out.reason = "not_needed", "the context is already under the target"
                     break
                 plan = self.plan_tail(session)
-                chunk = self.leaf_chunk(session, plan)
+                chunk = self.leaf_chunk(view, plan)
                 if chunk is None:
                     out.status = "compacted" if out.passes else "stopped"
                     out.reason = (
@@ -342,7 +355,7 @@ class Compactor:
                         if session.last_seq >= plan.first_raw else
                         "every stored message is already summarized")
                     break
-                made = self.leaf_pass(session, chunk, focus)
+                made = self.leaf_pass(view, chunk, focus)
                 if isinstance(made, str):
                     out.status, out.reason = "stopped", made
                     break
@@ -354,7 +367,7 @@ class Compactor:
                          session.session_key, exc)
                 out.passes += 1
                 continue
-        out.tokens_after = estimate(self.store.get_session(session_pk))
+        out.tokens_after = estimate(self.store.get_session(session_pk)) if out.passes else out.tokens_before
         out.seconds = round(time.monotonic() - started, 3)
         return out
 

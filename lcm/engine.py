@@ -31,7 +31,7 @@ from lcm.errors import InvalidMessageError, LcmError
 from lcm.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.ingest import IngestResult, Ingestor
 from lcm.messages import message_text
-from lcm.records import SessionRecord, SummaryRecord
+from lcm.records import CompactionView, SessionRecord
 from lcm.store import Store
 from lcm.summarize import Summarizer
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
@@ -69,6 +69,7 @@ class LcmEngine(ContextEngineBase):
         self._carry_from: int | None = None
         self._overhead = 0
         self._stalled_at: int | None = None  # prompt size at which compaction last found nothing
+        self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
         self._last_outcome: dict[str, Any] | None = None
         self._last_error: str | None = None
         self._lock = threading.RLock()
@@ -203,6 +204,7 @@ class LcmEngine(ContextEngineBase):
                     self._ingestor.forget(self._session.id)
             self._session = None
             self._last_outcome = None
+            self._handed = None
 
     def on_session_end(self, session_id: str, messages: list[dict[str, Any]]) -> None:
         try:
@@ -278,7 +280,8 @@ class LcmEngine(ContextEngineBase):
             if start > 0:
                 return True
             with self._lock:
-                return self._session is not None and self.compactor.condensable(self._session.id) is not None
+                return self._session is not None and self.compactor.condensable(
+                    self.store.compaction_view(self._session.id)) is not None
         except Exception as exc:  # noqa: BLE001
             self._failed("has_content_to_compress", exc)
             return False
@@ -329,13 +332,22 @@ class LcmEngine(ContextEngineBase):
         target = min(limits) if limits else NO_TARGET
 
         def estimate(s: SessionRecord) -> int:
-            return self._overhead + sys_tokens + self._summary_estimate(s) + s.raw_tokens
+            return (self._overhead + sys_tokens + s.raw_tokens
+                    + summary_message_cost(s.summary_count, s.summary_tokens))
 
-        outcome: Outcome = self.compactor.run(session.id, estimate=estimate, target=target,
+        outcome: Outcome = self.compactor.run(session, estimate=estimate, target=target,
                                               force=force, focus=focus_topic)
-        session = self.store.get_session(session.id)
-        self._session = session
-        assembly = self._assemble(session, seen.system)
+        # Nothing could be done at this size: should_compress stops promising until it grows.
+        self._stalled_at = self._overhead + input_tokens if (
+            outcome.passes == 0 and outcome.status == "stopped") else None
+        if outcome.passes == 0 and self._extends_handed(messages):
+            # Nothing compacted and the host holds what lcm last handed over plus new
+            # messages: assembling again would give back exactly this list.
+            self._record(outcome.as_dict())
+            return messages
+        view = self.store.compaction_view(session.id)
+        session = self._session = view.session
+        assembly = self._assemble(view, seen.system)
         result: dict[str, Any] = outcome.as_dict()
         result.update({"assembled_tokens": assembly.tokens, "over_budget": assembly.over_budget,
                        "omitted_messages": assembly.omitted_raw[2] if assembly.omitted_raw else 0,
@@ -347,23 +359,25 @@ class LcmEngine(ContextEngineBase):
         if out == list(messages) or assembly.tokens >= self._overhead + input_tokens:
             if out != list(messages):
                 result["reason"] += "; the assembled context would not be smaller: the host keeps its own"
-            self._stalled_at = self._overhead + input_tokens
+                self._stalled_at = self._overhead + input_tokens
+            else:
+                self._handed = list(messages)
             self._record(result)
             return messages
-        self._stalled_at = None
         self.compression_count += 1
         self._hand_over(session, assembly)
+        self._handed = list(out)
         self._record(result)
         return out
 
-    def _summary_estimate(self, session: SessionRecord) -> int:
-        return summary_message_cost([n.token_count for n in self._summary_nodes(session)])
+    def _extends_handed(self, messages: Sequence[Any]) -> bool:
+        handed = self._handed
+        if handed is None or len(messages) < len(handed):
+            return False
+        return all(a is b for a, b in zip(handed, messages, strict=False))
 
-    def _summary_nodes(self, session: SessionRecord) -> list[SummaryRecord]:
-        """Carried summaries first, then the session's uncondensed ones, highest depth first."""
-        return self.store.carried_summaries(session.id) + self.store.uncondensed_summaries(session.id)
-
-    def _assemble(self, session: SessionRecord, system: Mapping[str, Any] | None) -> Assembly:
+    def _assemble(self, view: CompactionView, system: Mapping[str, Any] | None) -> Assembly:
+        session = view.session
         plan = self.compactor.plan_tail(session)
         budget = self.assembly_cap or None
         first_raw = load_from = session.covered_seq + 1
@@ -371,11 +385,9 @@ class LcmEngine(ContextEngineBase):
             load_from = self._backlog_start(session, plan.tail_start, budget)
         skipped = (first_raw, load_from - 1, load_from - first_raw) if load_from > first_raw else None
         raw = self.store.get_messages(session.id, first_seq=load_from)
-        nodes = self._summary_nodes(session)
-        carried = frozenset(n.id for n in self.store.carried_summaries(session.id))
-        return assemble(system=system, nodes=nodes, carried_ids=carried, raw=raw,
-                        tail_start_seq=plan.tail_start, budget=budget, overhead=self._overhead,
-                        tokens=self.tokens, skipped=skipped)
+        return assemble(system=system, nodes=view.nodes, carried_ids=frozenset(n.id for n in view.carried),
+                        raw=raw, tail_start_seq=plan.tail_start, budget=budget,
+                        overhead=self._overhead, tokens=self.tokens, skipped=skipped)
 
     def _backlog_start(self, session: SessionRecord, tail_start: int, budget: int) -> int:
         """Where to start loading raw messages when the raw region is far beyond the budget:
@@ -395,12 +407,16 @@ class LcmEngine(ContextEngineBase):
         """The host now holds ``assembly``: remember where its transcript resumes."""
         first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
         self.store.set_host_view(session.id, first)
-        self.ingestor.remember(self.store.get_session(session.id), assembly.included)
+        self.ingestor.remember(self.store.get_session(session.id), assembly.included, assembly.messages)
 
     # ------------------------------------------------------------------ status & tools
 
     def _record(self, outcome: dict[str, Any]) -> None:
+        """Keep the outcome for status; persist it when it says something (a "not needed" on
+        every turn would be a write per turn for nothing)."""
         self._last_outcome = outcome
+        if outcome.get("status") == "not_needed" and not outcome.get("passes"):
+            return
         try:
             if self._session is not None:
                 self.store.record_compaction(self._session.id, outcome)

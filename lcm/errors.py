@@ -33,3 +33,7 @@ class IntegrityViolation(LcmError):
 
 class ConcurrentUpdateError(IntegrityViolation):
     """Another writer changed the same rows first (e.g. two engines compacting one session)."""
+
+
+class StaleViewError(ConcurrentUpdateError):
+    """The session changed since the caller last saw it; nothing was written."""

@@ -29,10 +29,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from lcm.errors import ConcurrentUpdateError
 from lcm.messages import content_hash, message_uid, uid_identity
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
 from lcm.store import Store
-from lcm.transcript import split_transcript
+from lcm.transcript import conversation_of, split_transcript
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,17 @@ class IngestResult:
 
 @dataclass
 class _Seen:
-    objects: list[Any]
+    objects: list[Any]  # the host's message objects (kept alive, so `is` comparisons are sound)
     hashes: list[str]
     store_ids: list[int]
     token_counts: list[int]
-    last_seq: int
-    last_identity: str
+    last_seq: int  # the session's last seq when this was recorded
+    last_identity: str  # the identity of that last stored message
+    session: SessionRecord
+    new: int = 0  # messages stored by the call that recorded this
+    host: list[Any] = field(default_factory=list)  # the host's whole list, system and summary too
+    system: Any = None
+    summaries: int = 0  # lcm summary messages in ``host``
 
 
 @dataclass
@@ -78,9 +84,11 @@ class Ingestor:
             else:
                 self._cache.pop(session_pk, None)
 
-    def remember(self, session: SessionRecord, records: Sequence[MessageRecord]) -> None:
-        """Record the transcript the host now holds: the verbatim messages of the context lcm
-        just returned (their ``message`` objects, which the host keeps appending after)."""
+    def remember(self, session: SessionRecord, records: Sequence[MessageRecord], host: Sequence[Any]) -> None:
+        """Record the transcript the host now holds: ``host`` is the context lcm just returned
+        and ``records`` its verbatim messages (their ``message`` objects, which the host keeps
+        appending after)."""
+        system, conversation = split_transcript(host)
         with self._lock:
             previous = self._cache.get(session.id)
             if previous is not None and previous.last_seq == session.last_seq:
@@ -92,29 +100,33 @@ class Ingestor:
             self._cache[session.id] = _Seen(
                 objects=objects, hashes=[_hash(m) for m in objects],
                 store_ids=[r.store_id for r in records], token_counts=[r.token_count for r in records],
-                last_seq=session.last_seq, last_identity=last_identity)
+                last_seq=session.last_seq, last_identity=last_identity, session=session,
+                host=list(host), system=system,
+                summaries=len(host) - len(conversation) - (1 if system is not None else 0))
 
     def ingest(self, session_pk: int, messages: Sequence[Any]) -> IngestResult:
-        system, conversation = split_transcript(messages)
-        summaries_seen = len(messages) - len(conversation) - (1 if system is not None else 0)
         with self._lock:
-            return self._ingest(session_pk, system, conversation, summaries_seen)
+            seen = self._cache.get(session_pk)
+            if seen is not None and seen.host and _common_prefix(seen.host, messages) == len(seen.host):
+                # The host appended to the list lcm saw last: only the appended part is read.
+                appended = list(messages[len(seen.host):])
+                extra = conversation_of(appended)
+                fast = self._extend(session_pk, seen, seen.objects + extra)
+                if fast is not None:
+                    fast.host, fast.system = list(messages), seen.system
+                    fast.summaries = seen.summaries + len(appended) - len(extra)
+                    return self._result(fast)
+            system, conversation = split_transcript(messages)
+            summaries = len(messages) - len(conversation) - (1 if system is not None else 0)
+            seen = self._ingest(session_pk, conversation)
+            seen.host, seen.system, seen.summaries = list(messages), system, summaries
+            return self._result(seen)
 
-    def _ingest(self, session_pk, system, conversation, summaries_seen) -> IngestResult:
+    def _ingest(self, session_pk: int, conversation: list[Any]) -> _Seen:
+        """Full alignment of the transcript against the stored session."""
         session = self.store.get_session(session_pk)
-        seen = self._cache.get(session_pk)
-        n_old = 0
-        if seen is not None and seen.last_seq == session.last_seq:
-            n_old = _common_prefix(seen.objects, conversation)
-        if seen is not None and n_old == len(seen.objects) and n_old > 0:
-            hashes = seen.hashes + [_hash(m) for m in conversation[n_old:]]
-            mapped: list[int | None] = list(seen.store_ids) + [None] * (len(conversation) - n_old)
-            tokens: list[int | None] = list(seen.token_counts) + [None] * (len(conversation) - n_old)
-            new_idx = list(range(n_old, len(conversation)))
-            anchor = seen.last_identity
-        else:
-            hashes = [_hash(m) for m in conversation]
-            mapped, tokens, new_idx, anchor = self._align(session, conversation, hashes)
+        hashes = [_hash(m) for m in conversation]
+        mapped, tokens, new_idx, anchor = self._align(session, conversation, hashes)
         if new_idx:
             result = self.store.append_messages(
                 session_pk, [conversation[i] for i in new_idx], after_identity=anchor or None)
@@ -123,13 +135,37 @@ class Ingestor:
             session, anchor = result.session, result.last_identity
             if result.inserted:
                 log.debug("lcm ingest: %d new message(s) in session %s", result.inserted, session.session_key)
-        store_ids = [int(s) for s in mapped]  # every message is stored now
-        counts = [int(t or 0) for t in tokens]
-        self._cache[session_pk] = _Seen(list(conversation), hashes, store_ids, counts,
-                                        session.last_seq, anchor or "")
-        return IngestResult(session=session, system=system, conversation=list(conversation),
-                            store_ids=store_ids, token_counts=counts, new=len(new_idx),
-                            summaries_seen=summaries_seen)
+        seen = _Seen(list(conversation), hashes, [int(s) for s in mapped], [int(t or 0) for t in tokens],
+                     session.last_seq, anchor or "", session, len(new_idx))
+        self._cache[session_pk] = seen
+        return seen
+
+    def _extend(self, session_pk: int, seen: _Seen, conversation: list[Any]) -> _Seen | None:
+        """The host appended to the transcript lcm saw last: store just the new messages,
+        provided nobody else wrote to the session meanwhile (else None: align again)."""
+        new = conversation[len(seen.objects):]
+        if not new:  # nothing new: stored messages never change, no database work at all
+            return _Seen(seen.objects, seen.hashes, seen.store_ids, seen.token_counts,
+                         seen.last_seq, seen.last_identity, seen.session, 0)
+        try:
+            result = self.store.append_messages(session_pk, new, after_identity=seen.last_identity or None,
+                                                expect_last_seq=seen.last_seq)
+        except ConcurrentUpdateError:
+            return None
+        extended = _Seen(conversation, seen.hashes + [_hash(m) for m in new],
+                         seen.store_ids + list(result.store_ids), seen.token_counts + list(result.token_counts),
+                         result.session.last_seq, result.last_identity, result.session, len(new))
+        self._cache[session_pk] = extended
+        if result.inserted:
+            log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,
+                      result.session.session_key)
+        return extended
+
+    @staticmethod
+    def _result(seen: _Seen) -> IngestResult:
+        return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
+                            store_ids=seen.store_ids, token_counts=seen.token_counts,
+                            new=seen.new, summaries_seen=seen.summaries)
 
     def _align(self, session: SessionRecord, conversation: Sequence[Any], hashes: Sequence[str]):
         """Match the transcript against the stored view; returns (ids, tokens, new indexes, anchor)."""

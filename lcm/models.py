@@ -102,6 +102,10 @@ class Session(Base):
     host_view_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: JSON: outcome of the last compaction (status, reason, counts), for status readers.
     last_compaction: Mapped[str | None] = mapped_column(Text)
+    #: The summaries the session's context shows (uncondensed and carried): how many and their
+    #: tokens, kept with every summary write so "is compaction needed?" costs no query.
+    summary_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    summary_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class SessionAlias(Base):

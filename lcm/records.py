@@ -32,6 +32,8 @@ class SessionRecord:
     covered_tokens: int
     host_view_seq: int = 0
     last_compaction: dict[str, Any] | None = None
+    summary_count: int = 0  # uncondensed + carried summaries: what the context shows
+    summary_tokens: int = 0
 
     @property
     def raw_tokens(self) -> int:
@@ -134,6 +136,21 @@ class SummaryRecord:
     @property
     def source_type(self) -> str:
         return "messages" if self.depth == 0 else "nodes"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionView:
+    """What planning a compaction pass needs, read at once: the session (with its counters),
+    its uncondensed summaries (highest depth first, then oldest) and the carried ones."""
+
+    session: SessionRecord
+    uncondensed: tuple["SummaryRecord", ...]
+    carried: tuple["SummaryRecord", ...]
+
+    @property
+    def nodes(self) -> tuple["SummaryRecord", ...]:
+        """The summaries an assembled context shows, in order: carried, then uncondensed."""
+        return self.carried + self.uncondensed
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from lcm.errors import (
     IntegrityViolation,
     NotFoundError,
     SchemaMismatchError,
+    StaleViewError,
 )
 from lcm.messages import CONTENT_TEXT, EncodedMessage, chain_identity, decode_message
 from lcm.messages import encode_message, message_text, uid_identity
@@ -53,6 +54,7 @@ from lcm.records import (
     SORT_MODES,
     AppendResult,
     Candidate,
+    CompactionView,
     CheckResult,
     DepthStats,
     MessageMeta,
@@ -191,8 +193,12 @@ class Store:
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn, conn.begin():
-            yield conn
+        if self.backend.autocommit_reads:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+        else:
+            with self.engine.connect() as conn, conn.begin():
+                yield conn
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -229,9 +235,17 @@ class Store:
             agents_t, agents_t.c.id == sessions_t.c.agent_id
         )
 
+    def _agent_name(self, conn: Connection, agent_pk: int) -> str:
+        name = self._agent_names.get(agent_pk)
+        if name is None:
+            name = conn.execute(select(agents_t.c.name).where(agents_t.c.id == agent_pk)).scalar_one()
+            self._agents[name] = agent_pk
+            self._agent_names[agent_pk] = name
+        return name
+
     @staticmethod
     def _session_record(row: Any) -> SessionRecord:
-        m = row._mapping
+        m = row if isinstance(row, Mapping) else row._mapping
         return SessionRecord(
             id=m["id"], agent=m["agent_name"], agent_pk=m["agent_id"], session_key=m["session_key"],
             platform=m["platform"], conversation_id=m["conversation_id"],
@@ -240,6 +254,7 @@ class Store:
             covered_seq=m["covered_seq"], covered_tokens=m["covered_tokens"],
             host_view_seq=m["host_view_seq"],
             last_compaction=codec.decode_json(m["last_compaction"]) if m["last_compaction"] else None,
+            summary_count=m["summary_count"], summary_tokens=m["summary_tokens"],
         )
 
     def get_or_create_session(
@@ -384,6 +399,7 @@ class Store:
         *,
         after_identity: str | None = None,
         now: float | None = None,
+        expect_last_seq: int | None = None,
     ) -> AppendResult:
         """Store a turn's messages, each exactly once, in one transaction.
 
@@ -391,6 +407,10 @@ class Store:
         whose identity is ``after_identity`` (None: the start of the session). Messages already
         stored (same identity) are skipped; the rest get the next ``seq`` numbers. Invalid
         messages raise InvalidMessageError before anything is written.
+
+        ``expect_last_seq``: the caller knows the session ended at that seq and is appending
+        after it. If another writer appended since, StaleViewError is raised and nothing is
+        written; if not, the per-message existence check is skipped (nothing can exist yet).
         """
         prepared = [self._prepare(m) for m in messages]
         identities: list[str] = []
@@ -402,9 +422,11 @@ class Store:
 
         with self._write() as conn:
             session = self._lock_session(conn, session_pk)
-            known: dict[str, int] = dict(_fetch_in(conn, identities, lambda chunk: select(
-                messages_t.c.identity, messages_t.c.id).where(
-                messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
+            if expect_last_seq is not None and session["last_seq"] != expect_last_seq:
+                raise StaleViewError(f"session {session_pk} moved on to seq {session['last_seq']}")
+            known: dict[str, int] = {} if expect_last_seq is not None else dict(_fetch_in(
+                conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
+                    messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
             rows: list[dict[str, Any]] = []
             index: list[IndexRow] = []
             new_flags: list[bool] = []
@@ -437,14 +459,13 @@ class Store:
                     "another writer stored some of these messages concurrently; nothing was written")
             known.update({ident: row_id for row_id, ident in inserted})
             if rows:
-                conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                session = conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
                     last_seq=seq,
                     message_count=sessions_t.c.message_count + len(rows),
                     token_count=sessions_t.c.token_count + sum(r["token_count"] for r in rows),
                     updated_at=ts_now,
-                ))
-            record = self._session_record(
-                conn.execute(self._session_select().where(sessions_t.c.id == session_pk)).one())
+                ).returning(*sessions_t.c)).one()._mapping
+            record = self._session_record({**session, "agent_name": self._agent_name(conn, session["agent_id"])})
         return AppendResult(
             session=record,
             store_ids=tuple(known[i] for i in identities),
@@ -656,6 +677,8 @@ class Store:
                     conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
                         covered_seq=span["last_seq"],
                         covered_tokens=sessions_t.c.covered_tokens + span["source_tokens"],
+                        summary_count=sessions_t.c.summary_count + 1,
+                        summary_tokens=sessions_t.c.summary_tokens + row["token_count"],
                         updated_at=created))
                 else:
                     done = conn.execute(update(summaries_t).where(
@@ -663,6 +686,10 @@ class Store:
                         parent_id=node_id)).rowcount
                     if done != len(ids):
                         raise ConcurrentUpdateError("another writer condensed these summaries first")
+                    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                        summary_count=sessions_t.c.summary_count + 1 - len(ids),
+                        summary_tokens=sessions_t.c.summary_tokens + row["token_count"]
+                        - span["source_tokens"], updated_at=created))
                 record = self._summary_record(
                     conn.execute(select(summaries_t).where(summaries_t.c.id == node_id)).one())
         except IntegrityError as exc:
@@ -785,16 +812,42 @@ class Store:
         if not ids:
             return 0
         with self._write() as conn:
-            rows = _fetch_in(conn, ids, lambda chunk: select(summaries_t.c.id, summaries_t.c.agent_id).where(
+            self._lock_session(conn, session_pk)
+            rows = _fetch_in(conn, ids, lambda chunk: select(
+                summaries_t.c.id, summaries_t.c.agent_id, summaries_t.c.token_count).where(
                 summaries_t.c.id.in_(chunk)))
-            if len(rows) != len(ids) or any(agent != session.agent_pk for _, agent in rows):
+            if len(rows) != len(ids) or any(r.agent_id != session.agent_pk for r in rows):
                 raise NotFoundError("some summaries to carry do not exist for this agent")
+            already = set(conn.execute(select(carried_t.c.summary_id).where(
+                carried_t.c.session_id == session_pk)).scalars())
+            fresh = [r for r in sorted(rows, key=lambda r: ids.index(r.id)) if r.id not in already]
+            if not fresh:
+                return 0
             start = conn.execute(select(func.coalesce(func.max(carried_t.c.ordinal), -1)).where(
                 carried_t.c.session_id == session_pk)).scalar_one() + 1
-            self.backend.insert_ignore(conn, carried_t, [
-                {"session_id": session_pk, "summary_id": sid, "ordinal": start + i}
-                for i, sid in enumerate(ids)], ["session_id", "summary_id"])
-        return len(ids)
+            conn.execute(carried_t.insert(), [
+                {"session_id": session_pk, "summary_id": r.id, "ordinal": start + i}
+                for i, r in enumerate(fresh)])
+            conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                summary_count=sessions_t.c.summary_count + len(fresh),
+                summary_tokens=sessions_t.c.summary_tokens + sum(r.token_count for r in fresh)))
+        return len(fresh)
+
+    def compaction_view(self, session_pk: int) -> CompactionView:
+        """The session with its uncondensed and carried summaries, in one read."""
+        with self._read() as conn:
+            row = conn.execute(self._session_select().where(sessions_t.c.id == session_pk)).first()
+            if row is None:
+                raise NotFoundError(f"session {session_pk} not found")
+            uncondensed = conn.execute(select(summaries_t).where(
+                summaries_t.c.session_id == session_pk, summaries_t.c.parent_id.is_(None)).order_by(
+                summaries_t.c.depth.desc(), summaries_t.c.first_seq)).all()
+            carried = conn.execute(select(summaries_t).join(
+                carried_t, carried_t.c.summary_id == summaries_t.c.id).where(
+                carried_t.c.session_id == session_pk).order_by(carried_t.c.ordinal)).all()
+        return CompactionView(session=self._session_record(row),
+                              uncondensed=tuple(self._summary_record(r) for r in uncondensed),
+                              carried=tuple(self._summary_record(r) for r in carried))
 
     def carried_summaries(self, session_pk: int) -> list[SummaryRecord]:
         """Summaries carried into the session from earlier ones, in the order carried."""
@@ -968,6 +1021,23 @@ class Store:
             "session_counters", "fail" if bad else "ok",
             f"message counters disagree with the rows in sessions {bad[:10]}" if bad
             else "message counts, gapless sequence numbers and token totals match the rows")]
+        own = select(summaries_t.c.session_id, func.count().label("n"),
+                     func.sum(summaries_t.c.token_count).label("tok")).where(
+            summaries_t.c.parent_id.is_(None)).group_by(summaries_t.c.session_id).subquery()
+        brought = select(carried_t.c.session_id, func.count().label("n"),
+                         func.sum(summaries_t.c.token_count).label("tok")).join(
+            summaries_t, summaries_t.c.id == carried_t.c.summary_id).group_by(
+            carried_t.c.session_id).subquery()
+        drift = conn.execute(select(sessions_t.c.id).outerjoin(
+            own, own.c.session_id == sessions_t.c.id).outerjoin(
+            brought, brought.c.session_id == sessions_t.c.id).where(
+            (sessions_t.c.summary_count != func.coalesce(own.c.n, 0) + func.coalesce(brought.c.n, 0))
+            | (sessions_t.c.summary_tokens != func.coalesce(own.c.tok, 0) + func.coalesce(brought.c.tok, 0))
+        )).scalars().all()
+        out.append(CheckResult(
+            "summary_counters", "fail" if drift else "ok",
+            f"summary counters disagree with the DAG in sessions {drift[:10]}" if drift
+            else "each session's summary count and tokens match its uncondensed and carried summaries"))
         misfiled = sum(conn.execute(select(func.count()).select_from(t).join(
             sessions_t, sessions_t.c.id == t.c.session_id).where(
             t.c.agent_id != sessions_t.c.agent_id)).scalar_one() for t in (messages_t, summaries_t))
@@ -1060,6 +1130,14 @@ class Store:
         return CheckResult("summary_sizes", "warn" if n else "ok",
                            f"{n} summaries are not shorter than their sources" if n
                            else "every summary is shorter than what it summarizes")
+
+    def backup(self, destination: str | None = None) -> str | None:
+        """A consistent copy of a SQLite store (default: next to it, timestamped); None on
+        PostgreSQL, where backups belong to the server's tools."""
+        if destination is None and self.backend_name == "sqlite":
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            destination = f"{self.url.database}.bak-{stamp}"
+        return self.backend.backup(self.engine, destination) if destination else None
 
     def rebuild_search_index(self) -> dict[str, int]:
         """Re-index every message and summary (the doctor's repair)."""

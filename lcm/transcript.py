@@ -71,8 +71,12 @@ def split_transcript(messages: Sequence[Any]) -> tuple[Mapping[str, Any] | None,
     start = 0
     if messages and role_of(messages[0]) == "system" and not is_lcm_summary(messages[0]):
         system, start = messages[0], 1
-    conversation = [m for m in messages[start:] if not is_lcm_summary(m)]
-    return system, conversation
+    return system, conversation_of(messages[start:])
+
+
+def conversation_of(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """The messages of a run (not starting a transcript) that are conversation: all but lcm's."""
+    return [m for m in messages if not is_lcm_summary(m)]
 
 
 def valid_cut_before(roles: Sequence[str | None], index: int) -> bool:

@@ -206,8 +206,11 @@ def test_compress_output_follows_the_contract(make_engine):
     # the same transcript again, nothing new: identical output (prompt caches stay warm) ...
     assert engine.compress(transcript, current_tokens=2900) == out
     assert engine.compress(transcript, current_tokens=2900) == out
-    # ... and the host's own copy back: nothing to do
+    # ... and the host's own copy back, alone or with new messages: nothing to do but store them
     assert engine.compress(out, current_tokens=1000) is out
+    grown = out + turn(99)
+    assert engine.compress(grown, current_tokens=1200) is grown
+    assert stored(engine)[-4:] == turn(99)
 
 
 def test_compaction_gets_under_the_threshold_and_records_why(make_engine):

@@ -1,5 +1,6 @@
-"""Engine state: where the host's transcript resumes, last compaction outcome, session aliases
-(Hermes' compaction-boundary session rotation) and summaries carried into a new session (/new).
+"""Engine state: where the host's transcript resumes, last compaction outcome, the size of the
+summaries a session's context shows, session aliases (Hermes' compaction-boundary session
+rotation) and summaries carried into a new session (/new).
 
 Revision ID: 0003_engine_state
 Revises: 0002_search_index
@@ -22,6 +23,16 @@ def upgrade() -> None:
     op.add_column("lcm_sessions", sa.Column("host_view_seq", sa.Integer(), server_default="0",
                                             nullable=False))
     op.add_column("lcm_sessions", sa.Column("last_compaction", sa.Text(), nullable=True))
+    op.add_column("lcm_sessions", sa.Column("summary_count", sa.Integer(), server_default="0",
+                                            nullable=False))
+    op.add_column("lcm_sessions", sa.Column("summary_tokens", sa.BigInteger(), server_default="0",
+                                            nullable=False))
+    # Sessions summarized before this revision: count their uncondensed summaries.
+    op.execute("""UPDATE lcm_sessions SET
+        summary_count = (SELECT count(*) FROM lcm_summaries s
+                         WHERE s.session_id = lcm_sessions.id AND s.parent_id IS NULL),
+        summary_tokens = (SELECT coalesce(sum(s.token_count), 0) FROM lcm_summaries s
+                          WHERE s.session_id = lcm_sessions.id AND s.parent_id IS NULL)""")
     op.create_table(
         "lcm_session_aliases",
         sa.Column("agent_id", Id, nullable=False),
@@ -52,5 +63,7 @@ def downgrade() -> None:
     op.drop_table("lcm_carried_summaries")
     op.drop_index(op.f("ix_lcm_session_aliases_session_id"), table_name="lcm_session_aliases")
     op.drop_table("lcm_session_aliases")
+    op.drop_column("lcm_sessions", "summary_tokens")
+    op.drop_column("lcm_sessions", "summary_count")
     op.drop_column("lcm_sessions", "last_compaction")
     op.drop_column("lcm_sessions", "host_view_seq")

@@ -93,6 +93,9 @@ class Backend(ABC):
     name: str
     #: Pool settings for the shared, process-wide engine.
     pool_options: dict[str, Any] = {}
+    #: Run reads without BEGIN/COMMIT. On PostgreSQL (READ COMMITTED) a transaction gives a
+    #: read nothing but two more round trips; on SQLite a read transaction is a free snapshot.
+    autocommit_reads: bool = False
 
     @abstractmethod
     def engine_options(self, url: URL) -> dict[str, Any]:
@@ -143,6 +146,11 @@ class Backend(ABC):
     @abstractmethod
     def rebuild_search_index(self, conn: Connection) -> dict[str, int]:
         """Rebuild the search index from the rows; returns rows indexed per table."""
+
+    def backup(self, engine: Engine, destination: str) -> str | None:
+        """Copy the database while it is in use; None when this backend leaves that to the
+        server's own tools (a PostgreSQL operator has pg_dump and PITR)."""
+        return None
 
     @abstractmethod
     def optimize(self, conn: Connection) -> None:

@@ -100,6 +100,7 @@ def _with_vector(table: Table) -> Table:
 class PostgresBackend(Backend):
     name = "postgresql"
     pool_options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+    autocommit_reads = True
 
     def engine_options(self, url: URL) -> dict[str, Any]:
         connect_args: dict[str, Any] = {"application_name": "lcm"}

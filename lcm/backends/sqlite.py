@@ -214,6 +214,20 @@ class SQLiteBackend(Backend):
             counts[kind] = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
         return counts
 
+    def backup(self, engine, destination):
+        """SQLite's online backup API: a consistent copy while other connections keep writing."""
+        import sqlite3
+
+        target = Path(destination).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        raw = engine.raw_connection()
+        try:
+            with sqlite3.connect(str(target)) as copy:
+                raw.driver_connection.backup(copy)
+        finally:
+            raw.close()
+        return str(target)
+
     def optimize(self, conn):
         conn.exec_driver_sql("PRAGMA optimize")
 

