@@ -94,6 +94,15 @@ def _fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[An
     return rows
 
 
+MAX_ID = 2**63 - 1  # both backends' id columns are signed 64-bit
+
+
+def _storable_id(value: Any) -> bool:
+    """Whether ``value`` could be a row id at all; anything else is simply not found (a caller's
+    2**70 must not reach a driver that raises on integer overflow)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
 def _short_text(field: str, value: Any, max_chars: int) -> str:
     if not isinstance(value, str) or not value or len(value) > max_chars or not codec.is_clean(value):
         raise ValueError(f"{field} must be a non-empty string of at most {max_chars} ordinary characters")
@@ -575,7 +584,7 @@ class Store:
 
     def get_messages_by_ids(self, store_ids: Sequence[int], *, agent: str) -> list[MessageRecord]:
         """The agent's messages with these ids, in the order given; others are left out."""
-        ids = [i for i in store_ids if isinstance(i, int) and not isinstance(i, bool)]
+        ids = [i for i in store_ids if _storable_id(i)]
         if not ids:
             return []
         with self._read() as conn:
@@ -765,6 +774,8 @@ class Store:
 
     def get_summary(self, node_id: int, *, agent: str | None = None) -> SummaryRecord | None:
         """The summary node (of ``agent`` when given), or None."""
+        if not _storable_id(node_id):
+            return None
         stmt = select(summaries_t).where(summaries_t.c.id == node_id)
         if agent is not None:
             stmt = stmt.join(agents_t, agents_t.c.id == summaries_t.c.agent_id).where(

@@ -87,7 +87,10 @@ SPECS: dict[str, tuple[str, list[Arg]]] = {
          Arg("source_offset", "integer", minimum=0, description="First source to return (node_id). Default 0."),
          Arg("source_limit", "integer", minimum=1, cap=EXPAND_SOURCES_CAP, description="Sources per page (node_id). Default 10."),
          Arg("content_offset", "integer", minimum=0,
-             description="Character offset into the message's text (store_id). Default 0.")]),
+             description="Character offset into the message's text (store_id). Default 0."),
+         Arg("field", "string",
+             description="Which part of the message to page with content_offset (store_id): "
+                         "content (default), or a field reported in fields_truncated, e.g. tool_calls.")]),
     "lcm_expand_query": (
         "Answer a question about earlier parts of the conversation from the exact stored text: "
         "finds matching summaries and messages (query) or opens given nodes (node_ids), then "
@@ -145,14 +148,18 @@ def run_tool(engine: "LcmEngine", name: str, args: Any) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def text_content(message: dict[str, Any]) -> str:
-    """What content paging pages over: the content string, or the JSON of other content."""
-    content = message.get("content")
-    if content is None:
+def field_text(value: Any) -> str:
+    """What paging pages over: a string as it is, anything else as its compact JSON."""
+    if value is None:
         return ""
-    if isinstance(content, str):
-        return content
-    return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def text_content(message: dict[str, Any]) -> str:
+    """A message's paged "text content": its content string, or the JSON of other content."""
+    return field_text(message.get("content"))
 
 
 def bounded_message(message: dict[str, Any], max_chars: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -170,11 +177,11 @@ def bounded_message(message: dict[str, Any], max_chars: int) -> tuple[dict[str, 
     for key, value in list(msg.items()):
         if key in ("content", "role"):
             continue
-        encoded = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        encoded = field_text(value)
         if len(encoded) > FIELD_CHARS_CAP:
             msg[key] = encoded[:FIELD_CHARS_CAP]
             cut_fields.append(key)
-    if cut_fields:
+    if cut_fields:  # each such field now holds the start of its compact JSON (or string)
         flags["fields_truncated"] = cut_fields
     return msg, flags
 
@@ -380,28 +387,42 @@ def _expand_node(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
 
 
 def _expand_message(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
+    """One page of a stored message's text: its content by default, or (``field``) any other
+    field, so that a 1 MB tool-call argument is as recoverable as a 1 MB tool result."""
     rec = engine.store.get_message(a["store_id"], agent=engine.agent_id)
     if rec is None:
         raise ArgumentError(NOT_FOUND_STORE.format(id=a["store_id"]))
-    text = text_content(rec.message)
+    field = a.get("field") or "content"
+    if field == "role" or (field != "content" and field not in rec.message):
+        others = sorted(k for k in rec.message if k != "role")
+        raise ArgumentError(f"message {rec.store_id} has no field {field!r} to page; it has: "
+                            f"{', '.join(others) or 'no fields'}")
+    text = field_text(rec.message.get(field))
     offset = a.get("content_offset", 0)
     if offset > len(text):
-        raise ArgumentError(f"content_offset {offset} is past the end of the text ({len(text)} characters)")
+        raise ArgumentError(f"content_offset {offset} is past the end of the {field} "
+                            f"({len(text)} characters)")
     page_chars = min(PAGE_CHARS_CAP, a["max_tokens"] * CHARS_PER_TOKEN) if a.get("max_tokens") else PAGE_CHARS_DEFAULT
     page = text[offset: offset + page_chars]
     end = offset + len(page)
-    msg, flags = bounded_message({**rec.message, "content": page} if text else rec.message, PAGE_CHARS_CAP)
+    if field == "content":
+        msg, flags = bounded_message({**rec.message, "content": page} if text else rec.message, PAGE_CHARS_CAP)
+    else:  # the paged field in full; the rest of the message bounded as in a listing
+        msg, flags = bounded_message({k: v for k, v in rec.message.items() if k != field}, PAGE_CHARS_DEFAULT)
+        msg[field] = page
     item = rec.to_item()
     item["message"] = msg
-    if flags.get("fields_truncated"):
-        item["fields_truncated"] = flags["fields_truncated"]
-    if text and not isinstance(rec.message.get("content"), str):
+    item.update({k: v for k, v in flags.items() if k != "content_format"})
+    if text and not isinstance(rec.message.get(field), str):
         item["content_format"] = "json"
-    return {"item": item,
-            "from_current_session": engine._session is not None and rec.session_pk == engine._session.id,
-            "content_offset": offset, "next_content_offset": end if end < len(text) else None,
-            "content_chars": len(text), "content_truncated": offset > 0 or end < len(text),
-            "has_more": end < len(text)}
+    payload = {"item": item,
+               "from_current_session": engine._session is not None and rec.session_pk == engine._session.id,
+               "content_offset": offset, "next_content_offset": end if end < len(text) else None,
+               "content_chars": len(text), "content_truncated": offset > 0 or end < len(text),
+               "has_more": end < len(text)}
+    if field != "content":
+        payload["field"] = field
+    return payload
 
 
 # --------------------------------------------------------------------------- lcm_expand_query

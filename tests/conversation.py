@@ -65,3 +65,36 @@ def sequence_problems(out: Sequence[dict[str, Any]], system: dict[str, Any] | No
 
 def newest_user_index(msgs: Sequence[dict[str, Any]]) -> int:
     return max(i for i, m in enumerate(msgs) if m.get("role") == "user" and not m.get("_compressed_summary"))
+
+
+SYSTEM = {"role": "system", "content": "You are a careful agent."}
+
+
+def host_tokens(transcript) -> int:
+    """The host's rough estimate of a request (what Hermes passes as current_tokens)."""
+    return sum(len(json.dumps(m)) // 4 for m in transcript)
+
+
+def host_step(engine: Any, transcript: list[dict[str, Any]], new: Sequence[dict[str, Any]], *,
+              notify: bool = True) -> list[dict[str, Any]]:
+    """One host turn: append ``new``, compress under pressure and keep the result, and (when
+    ``notify``) report the finished turn as hosts newer than Hermes 0.19 do."""
+    transcript = [*transcript, *new]
+    tokens = host_tokens(transcript)
+    if engine.should_compress(tokens):
+        transcript = engine.compress(transcript, current_tokens=tokens)
+    if notify:
+        engine.on_turn_complete(transcript)
+    return transcript
+
+
+def run_host(engine: Any, turns: int, *, start: int = 0, transcript=None, notify: bool = True,
+             **turn_kw):
+    """Drive the engine like Hermes for ``turns`` generated turns; (transcript, sent)."""
+    transcript = list(transcript) if transcript is not None else [SYSTEM]
+    sent = []
+    for i in range(start, start + turns):
+        new = turn(i, **turn_kw)
+        sent.extend(new)
+        transcript = host_step(engine, transcript, new, notify=notify)
+    return transcript, sent

@@ -12,16 +12,9 @@ from lcm.engine import LcmEngine
 from lcm.store import Store
 from lcm.transcript import SUMMARY_MARKER
 
-from tests.conversation import conversation, newest_user_index, sequence_problems, turn
+from tests.conversation import (SYSTEM, conversation, host_tokens, newest_user_index, run_host,
+                                sequence_problems, turn)
 from tests.llm_server import completion
-
-SYSTEM = {"role": "system", "content": "You are a careful agent."}
-
-
-def host_tokens(transcript) -> int:
-    """The host's rough estimate of a request (what Hermes passes as current_tokens)."""
-    return sum(len(json.dumps(m)) // 4 for m in transcript)
-
 
 def stored(engine: LcmEngine) -> list[dict]:
     return [m.message for m in engine.store.get_messages(engine.session.id)]
@@ -30,24 +23,6 @@ def stored(engine: LcmEngine) -> list[dict]:
 def healthy(engine: LcmEngine) -> None:
     bad = [c for c in engine.store.integrity_checks(deep=True) if c.status == "fail"]
     assert not bad, bad
-
-
-def run_host(engine: LcmEngine, turns: int, *, start: int = 0, transcript=None, notify: bool = True,
-             **turn_kw):
-    """Drive the engine like Hermes: grow the transcript, compress under pressure, keep the
-    result; ``notify`` also reports each finished turn (hosts newer than Hermes 0.19 do)."""
-    transcript = list(transcript) if transcript is not None else [SYSTEM]
-    sent = []
-    for i in range(start, start + turns):
-        new = turn(i, **turn_kw)
-        transcript.extend(new)
-        sent.extend(new)
-        tokens = host_tokens(transcript)
-        if engine.should_compress(tokens):
-            transcript = engine.compress(transcript, current_tokens=tokens)
-        if notify:
-            engine.on_turn_complete(transcript)
-    return transcript, sent
 
 
 # --------------------------------------------------------------------------- construction

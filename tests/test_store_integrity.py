@@ -8,6 +8,8 @@ from sqlalchemy import text
 from lcm.records import NewSummary
 from lcm.store import Store
 
+from tests.faults import corrupt_index_entry, drop_from_index
+
 
 def statuses(store: Store, deep: bool = False) -> dict[str, str]:
     return {c.name: c.status for c in store.integrity_checks(deep=deep)}
@@ -31,36 +33,9 @@ def test_populated_database_is_healthy(store, populated):
     assert set(statuses(store, deep=True).values()) == {"ok"}
 
 
-def _drop_from_index(store: Store, store_id: int) -> None:
-    with store.engine.begin() as conn:
-        if store.backend_name == "sqlite":
-            body, scope = conn.execute(text(
-                "SELECT body, scope FROM lcm_messages_fts_src WHERE id = :i"), {"i": store_id}).one()
-            conn.execute(text("INSERT INTO lcm_messages_fts(lcm_messages_fts, rowid, body, scope) "
-                              "VALUES ('delete', :i, :b, :s)"), {"i": store_id, "b": body, "s": scope})
-        else:
-            conn.execute(text("UPDATE lcm_messages SET search_vector = NULL WHERE id = :i"),
-                         {"i": store_id})
-
-
-def _corrupt_index_entry(store: Store, store_id: int) -> None:
-    """The row stays indexed, but under words it does not contain."""
-    with store.engine.begin() as conn:
-        if store.backend_name == "sqlite":
-            body, scope = conn.execute(text(
-                "SELECT body, scope FROM lcm_messages_fts_src WHERE id = :i"), {"i": store_id}).one()
-            conn.execute(text("INSERT INTO lcm_messages_fts(lcm_messages_fts, rowid, body, scope) "
-                              "VALUES ('delete', :i, :b, :s)"), {"i": store_id, "b": body, "s": scope})
-            conn.execute(text("INSERT INTO lcm_messages_fts(rowid, body, scope) VALUES (:i, 'bogus words', :s)"),
-                         {"i": store_id, "s": scope})
-        else:
-            conn.execute(text("UPDATE lcm_messages SET search_vector = "
-                              "to_tsvector('simple', 'bogus words') WHERE id = :i"), {"i": store_id})
-
-
 def test_a_row_missing_from_the_index_is_found_and_repaired(store, populated):
     session, ids, _ = populated
-    _drop_from_index(store, ids[3])
+    drop_from_index(store, ids[3])
     assert store.search_messages("quasar3", agent="agent-a").hits == []
     assert statuses(store)["search_index_messages"] == "fail"
     assert statuses(store, deep=True)["search_index_messages"] == "fail"
@@ -72,7 +47,7 @@ def test_a_row_missing_from_the_index_is_found_and_repaired(store, populated):
 
 def test_a_stale_index_entry_is_found_by_the_deep_check(store, populated):
     session, ids, _ = populated
-    _corrupt_index_entry(store, ids[2])  # an old row: outside the quick check's sample
+    corrupt_index_entry(store, ids[2])  # an old row: outside the quick check's sample
     assert statuses(store, deep=True)["search_index_messages"] == "fail"
     store.rebuild_search_index()
     assert statuses(store, deep=True)["search_index_messages"] == "ok"
@@ -81,7 +56,7 @@ def test_a_stale_index_entry_is_found_by_the_deep_check(store, populated):
 
 def test_a_stale_recent_entry_is_found_by_the_quick_check(store, populated):
     session, ids, _ = populated
-    _corrupt_index_entry(store, ids[-1])
+    corrupt_index_entry(store, ids[-1])
     assert statuses(store)["search_index_messages"] == "fail"
 
 
