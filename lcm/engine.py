@@ -27,7 +27,7 @@ from lcm.assembly import Assembly, assemble, summary_message_cost
 from lcm.compaction import Compactor, Outcome, tail_start_index
 from lcm.config import LcmConfig
 from lcm.db import default_sqlite_path
-from lcm.errors import InvalidMessageError, LcmError
+from lcm.errors import InvalidMessageError, LcmError, NotFoundError
 from lcm.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.ingest import IngestResult, Ingestor
 from lcm.messages import message_text
@@ -147,6 +147,12 @@ class LcmEngine(ContextEngineBase):
                 self._start_session(session_id, kwargs)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self._failed("on_session_start", exc)
+
+    def open_session(self, session_id: str, **kwargs: Any) -> SessionRecord:
+        """``on_session_start`` for callers that want failures raised (the command line)."""
+        with self._lock:
+            self._start_session(session_id, kwargs)
+            return self.session
 
     def _start_session(self, session_id: str, kwargs: dict[str, Any]) -> None:
         home = hermes_home_from(kwargs)
@@ -326,17 +332,8 @@ class LcmEngine(ContextEngineBase):
             self.last_prompt_tokens if self.last_prompt_tokens > 0 else 0)
         if host_total:
             self._overhead = max(0, int(host_total) - input_tokens)
-        # Under the threshold, and under the assembly cap when that is lower: summarizing is
-        # always preferred to leaving messages out of the context.
-        limits = [t for t in (self.threshold_tokens, self.assembly_cap) if t > 0]
-        target = min(limits) if limits else NO_TARGET
-
-        def estimate(s: SessionRecord) -> int:
-            return (self._overhead + sys_tokens + s.raw_tokens
-                    + summary_message_cost(s.summary_count, s.summary_tokens))
-
-        outcome: Outcome = self.compactor.run(session, estimate=estimate, target=target,
-                                              force=force, focus=focus_topic)
+        outcome: Outcome = self.compactor.run(session, estimate=self._estimator(sys_tokens),
+                                              target=self._target(), force=force, focus=focus_topic)
         # Nothing could be done at this size: should_compress stops promising until it grows.
         self._stalled_at = self._overhead + input_tokens if (
             outcome.passes == 0 and outcome.status == "stopped") else None
@@ -369,6 +366,54 @@ class LcmEngine(ContextEngineBase):
         self._handed = list(out)
         self._record(result)
         return out
+
+    def _target(self) -> float:
+        """Under the threshold, and under the assembly cap when that is lower: summarizing is
+        always preferred to leaving messages out of the context."""
+        limits = [t for t in (self.threshold_tokens, self.assembly_cap) if t > 0]
+        return min(limits) if limits else NO_TARGET
+
+    def _estimator(self, sys_tokens: int):
+        """The context size a session state would assemble to (no database reads)."""
+        def estimate(s: SessionRecord) -> int:
+            return (self._overhead + sys_tokens + s.raw_tokens
+                    + summary_message_cost(s.summary_count, s.summary_tokens))
+        return estimate
+
+    # ------------------------------------------------------------------ driven from the store
+
+    def attach(self, session_key: str) -> SessionRecord:
+        """Bind to an existing session of this agent (never creating one): the command line's
+        way in. NotFoundError when the agent has no such session."""
+        with self._lock:
+            found = self.store.find_session(self.agent_id, str(session_key))
+            if found is None:
+                raise NotFoundError(f"agent {self.agent_id!r} has no session {session_key!r} "
+                                    "(lcm sessions lists them)")
+            self._session, self._handed = found, None
+            return found
+
+    def compact_stored(self, *, force: bool = False, focus_topic: str | None = None) -> dict[str, Any]:
+        """Compact the bound session from what is stored, with no host transcript: what an
+        import does after each turn. Same planning, bounds and outcome as ``compress``."""
+        with self._lock:
+            session = self.store.get_session(self.session.id)
+            outcome = self.compactor.run(session, estimate=self._estimator(0), target=self._target(),
+                                         force=force, focus=focus_topic)
+            if outcome.passes:
+                self._session = self.store.get_session(session.id)
+                self.ingestor.forget(session.id)  # a host view, if any, is out of date now
+                self._handed = None
+            result = outcome.as_dict()
+            self._record(result)
+            return result
+
+    def assemble_context(self, system: Mapping[str, Any] | None = None) -> Assembly:
+        """The context lcm would hand the host now for the bound session (nothing written)."""
+        with self._lock:
+            view = self.store.compaction_view(self.session.id)
+            self._session = view.session
+            return self._assemble(view, system)
 
     def _extends_handed(self, messages: Sequence[Any]) -> bool:
         handed = self._handed

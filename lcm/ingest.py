@@ -182,11 +182,11 @@ class Ingestor:
         anchor = metas[-1].identity if metas else None
         positions: dict[str, list[int]] = {}
         for j, meta in enumerate(metas):
-            positions.setdefault(_meta_key(meta), []).append(j)
+            positions.setdefault(meta_key(meta), []).append(j)
         p = 0
         last_matched = -1
         for i, message in enumerate(conversation):
-            key = _message_key(message, hashes[i])
+            key = message_key(message, hashes[i])
             candidates = positions.get(key, ())
             k = bisect.bisect_left(candidates, p)
             if k < len(candidates) and candidates[k] - p <= LOOKAHEAD:
@@ -199,10 +199,10 @@ class Ingestor:
         for i in range(n):
             if mapped[i] is not None:
                 continue
-            key = _message_key(conversation[i], hashes[i])
+            key = message_key(conversation[i], hashes[i])
             if i < last_matched:
                 if key not in positions and older is None and lo > 1:
-                    older = {_meta_key(m): m for m in self.store.message_metas(
+                    older = {meta_key(m): m for m in self.store.message_metas(
                         session.id, first_seq=1, last_seq=lo - 1)}  # rare: a full look-up
                 known = metas[positions[key][0]] if key in positions else (older or {}).get(key)
                 if known is not None:  # a stored message the host moved or kept: not new
@@ -218,12 +218,15 @@ def _hash(message: Any) -> str:
     return content_hash(message) if isinstance(message, Mapping) else ""
 
 
-def _message_key(message: Any, digest: str) -> str:
+def message_key(message: Any, digest: str) -> str:
+    """What identifies a message when matching a transcript against the store: its host
+    uid when it has one, else its content hash (compare with :func:`meta_key`)."""
     uid = message_uid(message) if isinstance(message, Mapping) else None
     return uid_identity(uid) if uid else digest
 
 
-def _meta_key(meta: MessageMeta) -> str:
+def meta_key(meta: MessageMeta) -> str:
+    """The stored side of :func:`message_key`."""
     return meta.identity if meta.identity.startswith("u") else meta.content_hash
 
 

@@ -11,6 +11,7 @@ Alembic history); Alembic itself is only imported when something has to change.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ def script_location() -> Path:
 def alembic_config(url: URL) -> Any:
     from alembic.config import Config
 
-    cfg = Config()
+    # Alembic's default ``stdout`` is bound when alembic is first imported; pass the current one
+    # (a redirected or replaced sys.stdout must not leave Alembic writing to a closed stream).
+    cfg = Config(stdout=sys.stdout)
     cfg.set_main_option("script_location", str(script_location()))
     cfg.attributes["lcm_url"] = url
     return cfg

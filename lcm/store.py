@@ -34,6 +34,7 @@ from lcm.errors import (
     ConcurrentUpdateError,
     DatabaseUnavailableError,
     IntegrityViolation,
+    InvalidMessageError,
     NotFoundError,
     SchemaMismatchError,
     StaleViewError,
@@ -101,6 +102,15 @@ def _storable_id(value: Any) -> bool:
     """Whether ``value`` could be a row id at all; anything else is simply not found (a caller's
     2**70 must not reach a driver that raises on integer overflow)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+def _row_time(given: float | None, host: float | None, now: float) -> float:
+    """The time a message is recorded at: as given, else the host's, else now."""
+    if given is not None:
+        if not isinstance(given, (int, float)) or isinstance(given, bool) or given != given:
+            raise InvalidMessageError(f"a message time must be Unix seconds, got {given!r}")
+        return float(given)
+    return host if host is not None else now
 
 
 def _short_text(field: str, value: Any, max_chars: int) -> str:
@@ -409,6 +419,7 @@ class Store:
         after_identity: str | None = None,
         now: float | None = None,
         expect_last_seq: int | None = None,
+        timestamps: Sequence[float | None] | None = None,
     ) -> AppendResult:
         """Store a turn's messages, each exactly once, in one transaction.
 
@@ -420,7 +431,12 @@ class Store:
         ``expect_last_seq``: the caller knows the session ended at that seq and is appending
         after it. If another writer appended since, StaleViewError is raised and nothing is
         written; if not, the per-message existence check is skipped (nothing can exist yet).
+
+        ``timestamps``: one per message, the time to record (an import restoring an export);
+        None entries fall back to the message's own ``timestamp`` key, then to now.
         """
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ValueError(f"{len(timestamps)} timestamps for {len(messages)} messages")
         prepared = [self._prepare(m) for m in messages]
         identities: list[str] = []
         prev = after_identity or ""
@@ -428,6 +444,8 @@ class Store:
             prev = uid_identity(p.encoded.uid) if p.encoded.uid else chain_identity(prev, p.encoded.content_hash)
             identities.append(prev)
         ts_now = time.time() if now is None else now
+        times = [_row_time(timestamps[i] if timestamps is not None else None,
+                           p.encoded.host_timestamp, ts_now) for i, p in enumerate(prepared)]
 
         with self._write() as conn:
             session = self._lock_session(conn, session_pk)
@@ -442,7 +460,7 @@ class Store:
             batch: set[str] = set()
             seq = session["last_seq"]
             payload_ids = self._store_payloads(conn, [p.payload for p in prepared if p.payload])
-            for p, ident in zip(prepared, identities, strict=True):
+            for i, (p, ident) in enumerate(zip(prepared, identities, strict=True)):
                 if ident in known or ident in batch:  # stored before, or repeated uid in this call
                     new_flags.append(False)
                     continue
@@ -457,7 +475,7 @@ class Store:
                     "name": e.name, "extra": e.extra, "key_order": e.key_order,
                     "payload_id": payload_ids[p.payload[0]] if p.payload else None,
                     "search_text": p.search_text, "token_count": p.token_count,
-                    "ts": e.host_timestamp if e.host_timestamp is not None else ts_now,
+                    "ts": times[i],
                 })
                 index.append(IndexRow(body=p.body, session_pk=session_pk,
                                       agent_pk=session["agent_id"], role=e.role))

@@ -66,3 +66,10 @@ def test_installed_lcm_upgrades_postgres(installed, pg_url, tmp_path):
     assert up.returncode == 0, up.stderr
     status = run(installed, "lcm", "doctor", "--url", pg_url, "--json", cwd=tmp_path)
     assert status.returncode == 0 and '"overall": "healthy"' in status.stdout, status.stdout + status.stderr
+
+
+def test_installed_lcm_runs_the_demo(installed, tmp_path):
+    """The README's first command, from the wheel alone: the transcript ships inside it."""
+    demo = run(installed, "lcm", "demo", "--url", f"sqlite:///{tmp_path / 'demo.db'}", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    assert "byte-exact: yes" in demo.stdout and "7719-0424" in demo.stdout

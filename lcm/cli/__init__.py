@@ -1,4 +1,6 @@
-"""The ``lcm`` command line: one group per concern (``db``, ``status``, ``doctor``, ...).
+"""The ``lcm`` command line: one module per concern — ``demo``; ``transfer`` (ingest, export);
+``recall`` (sessions, grep, describe, expand, load: the agent tools for people); ``inspect``
+(status, doctor, backup); ``db`` (migrations).
 
 Every command takes ``--url`` (or ``LCM_DATABASE_URL``) and ``--json``. Failures print one
 line to stderr and exit non-zero; a traceback is a bug.
@@ -12,7 +14,10 @@ import click
 
 from lcm.cli.common import run_guarded
 from lcm.cli.db import db_group
-from lcm.cli.inspect import doctor_command, status_command
+from lcm.cli.demo import demo_command
+from lcm.cli.inspect import backup_command, doctor_command, status_command
+from lcm.cli.recall import describe_command, expand_command, grep_command, load_command, sessions_command
+from lcm.cli.transfer import export_command, ingest_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,9 +26,10 @@ def cli() -> None:
     """Lossless Context Management: every message kept, a summary DAG, recall tools."""
 
 
-cli.add_command(db_group)
-cli.add_command(status_command)
-cli.add_command(doctor_command)
+for command in (demo_command, ingest_command, export_command, sessions_command, status_command,
+                grep_command, describe_command, expand_command, load_command, doctor_command,
+                backup_command, db_group):
+    cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:

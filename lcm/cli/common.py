@@ -1,14 +1,20 @@
-"""Shared CLI plumbing: the --url/--json options, output, and turning errors into one line."""
+"""Shared CLI plumbing: the --url/--agent/--json options, opening the store or an engine,
+output, and turning every failure into one line on stderr."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
-from lcm.errors import LcmError
+from lcm import db
+from lcm.errors import LcmError, NotFoundError
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -19,6 +25,70 @@ url_option = click.option(
          "default: $LCM_DATABASE_URL, else ~/.lcm/lcm.db.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+agent_option = click.option(
+    "--agent", envvar="LCM_AGENT_ID", default="default", show_default=True, metavar="NAME",
+    help="Agent scope (a Hermes profile name; $LCM_AGENT_ID).")
+
+
+def open_store(url: str | None, *, create: bool = False):
+    """The store at ``url``. Commands that only read refuse a SQLite file that does not exist
+    (a typo in a path must not quietly create an empty database)."""
+    from lcm.store import Store
+
+    resolved = db.resolve_url(url)
+    if not create and resolved.get_backend_name() == "sqlite" and resolved.database not in (None, "", ":memory:"):
+        path = Path(resolved.database).expanduser()
+        if not path.exists():
+            raise NotFoundError(f"no lcm database at {path} (lcm demo or lcm ingest creates one; "
+                                "--url or LCM_DATABASE_URL picks another)")
+    return Store.open(resolved)
+
+
+def open_engine(url: str | None, agent: str, *, create: bool = False, context_length: int | None = None,
+                **settings: Any):
+    """An engine on the store for ``agent``: settings from the environment, then ``settings``."""
+    from lcm.config import LcmConfig
+    from lcm.engine import LcmEngine
+
+    store = open_store(url, create=create)
+    config = LcmConfig.from_env(database_url=store.url.render_as_string(hide_password=False),
+                                agent_id=agent, **settings)
+    engine = LcmEngine(config, store=store)
+    if context_length:
+        engine.update_model("lcm-cli", context_length)
+    return engine
+
+
+def latest_session_key(store: Any, agent: str) -> str:
+    """The agent's most recently active session (the default for describe and status)."""
+    best = None
+    after = None
+    while True:
+        page = store.list_sessions(agent, limit=100, after_id=after)
+        for s in page:
+            if best is None or s.updated_at >= best.updated_at:
+                best = s
+        if len(page) < 100:
+            break
+        after = page[-1].id
+    if best is None:
+        raise NotFoundError(f"agent {agent!r} has no sessions in this store (lcm sessions --all-agents lists agents)")
+    return best.session_key
+
+
+def when(ts: float | None) -> str:
+    """A Unix time as a short UTC ISO string."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
+def marked(snippet: str) -> Text:
+    """A search snippet with its ``**matched**`` words in bold (never parsed as markup)."""
+    text = Text()
+    for i, part in enumerate(snippet.split("**")):
+        text.append(part, style="bold yellow" if i % 2 else "")
+    return text
 
 
 def say(text: str) -> None:
@@ -33,8 +103,9 @@ def emit_json(data: Any) -> None:
 def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
     """Run the click app; lcm errors become one line on stderr and exit status 1."""
     try:
-        cli.main(args=argv, prog_name="lcm", standalone_mode=False)
-        return 0
+        # Without standalone mode click *returns* the code of a click.exceptions.Exit.
+        code = cli.main(args=argv, prog_name="lcm", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -44,10 +115,30 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         stderr.print("lcm: aborted")
         return 1
     except (LcmError, ValueError) as exc:
-        stderr.print(f"lcm: error: {exc}", markup=False)
+        stderr.print(f"lcm: error: {_one_line(exc)}", markup=False)
         return 1
     except KeyboardInterrupt:
         stderr.print("lcm: interrupted")
         return 130
+    except BrokenPipeError:  # `lcm export | head`: the reader left; not an error of ours
+        return 0
+    except OSError as exc:
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        stderr.print(f"lcm: error: {exc.strerror or exc}{where}", markup=False)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback, unless asked for
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if os.environ.get("LCM_DEBUG"):
+            raise
+        kind = "database error" if isinstance(exc, SQLAlchemyError) else f"internal error ({type(exc).__name__})"
+        stderr.print(f"lcm: {kind}: {_one_line(getattr(exc, 'orig', None) or exc)} "
+                     "(LCM_DEBUG=1 shows the traceback)", markup=False)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 

@@ -1,40 +1,64 @@
-"""``lcm status`` and ``lcm doctor``: what is stored, and whether it is healthy."""
+"""``lcm status``, ``lcm doctor`` and ``lcm backup``: what is stored, whether it is healthy, a copy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 from rich.table import Table
+from rich.text import Text
 
-from lcm.cli.common import emit_json, json_option, say, stdout, url_option
-from lcm.store import Store
+from lcm.cli.common import agent_option, emit_json, json_option, open_engine, open_store, say, stdout, url_option
+from lcm.errors import ConfigError
 
 
 @click.command("status")
 @url_option
+@agent_option
 @json_option
-def status_command(url: str | None, as_json: bool) -> None:
-    """Show the store: backend, location, size and row counts."""
-    store = Store.open(url)
-    stats = store.stats()
+@click.option("--session", "session_key", metavar="ID",
+              help="Show one session's engine status (the lcm_status tool) instead of the store.")
+def status_command(url: str | None, agent: str, as_json: bool, session_key: str | None) -> None:
+    """Show the store (backend, location, size, row counts) or one session's state."""
+    if session_key is not None:
+        from lcm.cli.recall import tool
+
+        engine = open_engine(url, agent)
+        engine.attach(session_key)
+        res = tool(engine, "lcm_status")
+        if as_json:
+            emit_json(res)
+            return
+        table = Table(title=f"lcm status: {agent}/{session_key}", show_header=False)
+        for key, value in res.items():
+            table.add_row(key, Text(str(value)))
+        stdout.print(table)
+        return
+    stats = open_store(url).stats()
     if as_json:
         emit_json(stats)
         return
     table = Table(title="lcm store", show_header=False)
     for key in ("backend", "database", "agents", "sessions", "messages", "summaries", "payloads"):
-        table.add_row(key, str(stats[key]))
+        table.add_row(key, Text(str(stats[key])))
     table.add_row("size", f"{(stats['bytes'] or 0) / 1_048_576:.1f} MiB")
     stdout.print(table)
 
 
 @click.command("doctor")
 @url_option
+@agent_option
 @json_option
 @click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores).")
 @click.option("--repair", is_flag=True,
               help="Back the store up (SQLite), rebuild the search index from the rows, check again.")
-def doctor_command(url: str | None, as_json: bool, deep: bool, repair: bool) -> None:
-    """Check database integrity, schema, search index and the summary DAG."""
-    store = Store.open(url)
+def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repair: bool) -> None:
+    """Check database integrity, schema, search index, the summary DAG and the settings."""
+    from lcm.tools import config_checks
+
+    engine = open_engine(url, agent)
+    store = engine.store
     repaired = None
     if repair:
         backup = store.backup()
@@ -43,12 +67,13 @@ def doctor_command(url: str | None, as_json: bool, deep: bool, repair: bool) -> 
         if not as_json:
             say(f"backup: {backup or 'none (PostgreSQL: use pg_dump)'}; reindexed "
                 + ", ".join(f"{n} {k}" for k, n in counts.items()))
-    checks = store.integrity_checks(deep=deep or repair)
-    worst = "fail" if any(c.status == "fail" for c in checks) else (
-        "warn" if any(c.status == "warn" for c in checks) else "ok")
+    checks: list[dict[str, Any]] = [c.as_dict() for c in store.integrity_checks(deep=deep or repair)]
+    checks.extend(config_checks(engine))
+    statuses = {c["status"] for c in checks}
+    worst = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "ok"
     overall = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}[worst]
     if as_json:
-        payload = {"overall": overall, "checks": [c.as_dict() for c in checks]}
+        payload: dict[str, Any] = {"overall": overall, "checks": checks}
         if repaired is not None:
             payload["repair"] = repaired
         emit_json(payload)
@@ -59,7 +84,37 @@ def doctor_command(url: str | None, as_json: bool, deep: bool, repair: bool) -> 
         table.add_column("detail", overflow="fold")
         colour = {"ok": "green", "warn": "yellow", "fail": "red"}
         for c in checks:
-            table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail)
+            table.add_row(c["name"], Text(c["status"], style=colour[c["status"]]), Text(c["detail"]))
         stdout.print(table)
+        if worst == "fail" and not repair:
+            say("a failing search index check is fixed by: lcm doctor --repair")
     if worst == "fail":
         raise click.exceptions.Exit(1)
+
+
+@click.command("backup")
+@click.argument("destination", metavar="DEST")
+@url_option
+@json_option
+@click.option("--force", is_flag=True, help="Overwrite DEST if it exists.")
+def backup_command(destination: str, url: str | None, as_json: bool, force: bool) -> None:
+    """A consistent copy of a SQLite store, taken while it is in use (SQLite's backup API)."""
+    store = open_store(url)
+    if store.backend_name != "sqlite":
+        raise ConfigError("lcm backup copies SQLite stores; back PostgreSQL up with pg_dump "
+                          "(or the server's point-in-time recovery)")
+    target = Path(destination).expanduser()
+    if target.exists() and not force:
+        raise ConfigError(f"{target} exists; pass --force to overwrite it")
+    if target.is_dir():
+        raise ConfigError(f"{target} is a directory; give a file name")
+    if Path(store.location).resolve() == target.resolve():
+        raise ConfigError("the backup cannot overwrite the store itself")
+    tmp = target.with_name(f".{target.name}.partial")
+    written = store.backup(str(tmp))
+    Path(written).replace(target)  # a finished copy, or nothing
+    size = target.stat().st_size
+    if as_json:
+        emit_json({"backup": str(target), "bytes": size, "source": store.location})
+    else:
+        say(f"backed up {store.location} to {target} ({size / 1_048_576:.1f} MiB)")

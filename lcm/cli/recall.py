@@ -1,0 +1,340 @@
+"""The agent tools for people: ``lcm sessions``, ``grep``, ``describe``, ``expand``, ``load``.
+
+Each command runs the same tool code the agent calls (``lcm.tools``), on an engine bound to
+the chosen agent and session, so what a person sees is exactly what the agent would get; the
+command pages through the tool's bounded responses itself. ``--json`` prints the tool's
+response (with every page joined).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from lcm.cli.common import (
+    agent_option,
+    emit_json,
+    json_option,
+    latest_session_key,
+    marked,
+    open_engine,
+    open_store,
+    say,
+    stdout,
+    url_option,
+    when,
+)
+from lcm.errors import LcmError
+from lcm.tools import run_tool
+
+REF = re.compile(r"^(msg|node):(\d+)$")
+
+
+class ToolError(LcmError):
+    """A tool answered with an error (bad argument, not found): shown as one line."""
+
+
+def tool(engine: Any, name: str, **args: Any) -> dict[str, Any]:
+    """Run one agent tool and return its response, raising its error as a ToolError."""
+    payload = json.loads(run_tool(engine, name, {k: v for k, v in args.items() if v is not None}))
+    if "error" in payload:
+        raise ToolError(payload["error"])
+    return payload
+
+
+def whole_field(engine: Any, store_id: int, field: str = "content") -> tuple[str, dict[str, Any]]:
+    """A message field's complete text, paged through lcm_expand (first page returned too)."""
+    pages: list[str] = []
+    first: dict[str, Any] | None = None
+    offset: int | None = 0
+    while offset is not None:
+        res = tool(engine, "lcm_expand", store_id=store_id, content_offset=offset, max_tokens=5_000,
+                   field=None if field == "content" else field)
+        first = first or res
+        pages.append(res["item"]["message"].get(field) or "")
+        offset = res["next_content_offset"]
+    assert first is not None
+    return "".join(pages), first
+
+
+def full_message(engine: Any, store_id: int) -> dict[str, Any]:
+    """The stored message exactly as ingested: every cut field paged back in full."""
+    text, first = whole_field(engine, store_id)
+    message = dict(first["item"]["message"])
+    if first["item"].get("content_format") == "json":
+        message["content"] = json.loads(text)
+    elif isinstance(message.get("content"), str):
+        message["content"] = text
+    for field in first["item"].get("fields_truncated", []):
+        value, page = whole_field(engine, store_id, field)
+        message[field] = json.loads(value) if page["item"].get("content_format") == "json" else value
+    return {**first["item"], "message": message}
+
+
+@click.command("sessions")
+@url_option
+@agent_option
+@json_option
+@click.option("--all-agents", is_flag=True, help="Every agent's sessions.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=1_000, show_default=True,
+              help="Sessions to list per agent at most.")
+def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: bool, limit: int) -> None:
+    """List sessions: messages, tokens, summaries and how much is compacted."""
+    store = open_store(url)
+    agents = store.list_agents() if all_agents else [agent]
+    rows = []
+    for name in agents:
+        after = None
+        listed = 0
+        while listed < limit:
+            page = store.list_sessions(name, limit=min(100, limit - listed), after_id=after)
+            for s in page:
+                rows.append({"agent": name, "session_id": s.session_key, "aliases": store.session_keys(s.id)[1:],
+                             "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
+                             "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
+                             "created_at": s.created_at, "updated_at": s.updated_at})
+            listed += len(page)
+            if not page or len(page) < 100:
+                break
+            after = page[-1].id
+    if as_json:
+        emit_json({"sessions": rows})
+        return
+    if not rows:
+        say(f"no sessions for {'any agent' if all_agents else repr(agent)}")
+        return
+    table = Table(title=f"lcm sessions of {'all agents' if all_agents else repr(agent)}")
+    columns = (["agent"] if all_agents else []) + ["session", "platform", "messages", "tokens", "compacted",
+                                                   "last activity"]
+    for col in columns:
+        table.add_column(col, justify="right" if col in ("messages", "tokens", "compacted") else "left",
+                         no_wrap=col in ("agent", "session"))
+    for r in rows:
+        name = r["session_id"] + (f" (+{len(r['aliases'])} alias)" if r["aliases"] else "")
+        share = f"{r['compacted_messages'] / r['messages']:.0%}" if r["messages"] else "-"
+        cells = ([Text(r["agent"])] if all_agents else []) + [
+            Text(name), Text(r["platform"] or "-"), f"{r['messages']:,}", f"{r['tokens']:,}", share,
+            when(r["updated_at"])]
+        table.add_row(*cells)
+    stdout.print(table)
+
+
+@click.command("grep")
+@click.argument("query")
+@url_option
+@agent_option
+@json_option
+@click.option("--session", "session_key", metavar="ID",
+              help="Search this session (messages and its summaries); default: all the agent's sessions.")
+@click.option("--role", help="Only messages of this role.")
+@click.option("--since", "time_from", metavar="TIME", help="Unix seconds or ISO-8601 with a zone.")
+@click.option("--until", "time_to", metavar="TIME", help="Unix seconds or ISO-8601 with a zone.")
+@click.option("--source", help="Only sessions of this platform (cli, telegram, ...).")
+@click.option("--sort", type=click.Choice(["recency", "relevance", "hybrid"]), default="recency", show_default=True)
+@click.option("--limit", type=int, default=20, show_default=True, help="Hits (at most 200).")
+def grep_command(query: str, url: str | None, agent: str, as_json: bool, session_key: str | None,
+                 role: str | None, time_from: str | None, time_to: str | None, source: str | None,
+                 sort: str, limit: int) -> None:
+    """Full-text search of stored messages and summaries (the lcm_grep tool)."""
+    engine = open_engine(url, agent)
+    if session_key is not None:
+        engine.attach(session_key)
+    res = tool(engine, "lcm_grep", query=query, limit=limit, sort=sort, role=role, source=source,
+               session_scope="current" if session_key is not None else "all",
+               time_from=_time_arg(time_from), time_to=_time_arg(time_to))
+    if as_json:
+        emit_json(res)
+        return
+    if not res["results"]:
+        say(f"no match for {query!r}")
+        return
+    say(f"{res['total_results']} hit(s) for {query!r}" + (" (only the newest matches were ranked)"
+                                                          if res.get("candidates_clamped") else ""))
+    for hit in res["results"]:
+        ref = f"msg:{hit['store_id']}" if hit["type"] == "message" else f"node:{hit['node_id']}"
+        kind = hit.get("role") or f"summary d{hit.get('depth')}"
+        head = Text(f"{ref:<11}", style="bold")
+        head.append(f" {hit.get('session_id') or '-'}  {kind}  {when(hit.get('timestamp'))}")
+        stdout.print(head)
+        stdout.print(Text("    ").append_text(marked(hit["snippet"])))
+    if res.get("limit_clamped_from"):
+        say(f"(limit clamped from {res['limit_clamped_from']})")
+    say("open one with: lcm expand <ref>")
+
+
+def _time_arg(value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+@click.command("describe")
+@click.argument("node", required=False)
+@url_option
+@agent_option
+@json_option
+@click.option("--session", "session_key", metavar="ID", help="Default: the agent's most recent session.")
+def describe_command(node: str | None, url: str | None, agent: str, as_json: bool, session_key: str | None) -> None:
+    """The summary DAG of a session, or one summary node (NODE: 7 or node:7)."""
+    engine = open_engine(url, agent)
+    if node is None:
+        engine.attach(session_key or latest_session_key(engine.store, agent))
+        res = tool(engine, "lcm_describe")
+        if as_json:
+            emit_json(res)
+            return
+        tree = Tree(Text(f"session {res['session_id']}"))
+        for depth, entry in sorted(res["depths"].items(), key=lambda kv: -int(kv[0][1:])):
+            branch = tree.add(Text(f"{depth}: {entry['count']} node(s), {entry['uncondensed']} in context"))
+            for n in entry["nodes"]:
+                flag = " (carried from an earlier session)" if n.get("carried") else ""
+                into = f" → node:{n['condensed_into']}" if n["condensed_into"] else ""
+                branch.add(Text(f"node:{n['node_id']} {n['covers']}, {n['token_count']} tokens{into}{flag}",
+                                style="dim" if n["condensed_into"] else ""))
+            if entry.get("limit_clamped_from"):
+                branch.add(Text(f"… {entry['limit_clamped_from'] - len(entry['nodes'])} more"))
+        if not res["depths"]:
+            tree.add(Text("no summaries yet"))
+        stdout.print(tree)
+        return
+    node_id = _node_id(node)
+    if session_key:
+        engine.attach(session_key)
+    res = tool(engine, "lcm_describe", node_id=node_id)
+    if as_json:
+        emit_json(res)
+        return
+    say(f"node:{res['node_id']}  depth {res['depth']}  {res['covers']}  session {res['session_id']}")
+    say(f"{res['token_count']} tokens over {res['source_token_count']} source tokens; kind {res['kind']}"
+        + (f", model {res['model']}" if res.get("model") else "")
+        + (f"; condensed into node:{res['parent_id']}" if res["parent_id"] else ""))
+    say(f"{when(res['earliest_at'])} .. {when(res['latest_at'])}")
+    say("")
+    say(res["content"])
+    say("")
+    refs = [("msg" if res["source_type"] == "messages" else "node") + f":{i}" for i in res["source_ids"]]
+    say(f"sources ({len(refs)}): " + " ".join(refs))
+
+
+def _node_id(text: str) -> int:
+    m = REF.match(text) if ":" in text else None
+    if m and m.group(1) == "node":
+        return int(m.group(2))
+    if text.isdigit():
+        return int(text)
+    raise click.BadParameter(f"{text!r} is not a node id (give 7 or node:7)", param_hint="NODE")
+
+
+@click.command("expand")
+@click.argument("ref")
+@url_option
+@agent_option
+@json_option
+@click.option("--raw", is_flag=True, help="msg: print only the exact text content (for pipes and diffs).")
+def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bool) -> None:
+    """Exact original text: REF is msg:ID (a stored message) or node:ID (a summary's sources)."""
+    m = REF.match(ref)
+    if not m:
+        raise click.BadParameter(f"{ref!r}: give msg:ID (a stored message) or node:ID (a summary)",
+                                 param_hint="REF")
+    engine = open_engine(url, agent)
+    ident = int(m.group(2))
+    if m.group(1) == "msg":
+        item = full_message(engine, ident)
+        if as_json:
+            emit_json(item)
+            return
+        text, _ = whole_field(engine, ident)
+        if raw:
+            click.echo(text, nl=False)
+            return
+        msg = item["message"]
+        say(f"msg:{item['store_id']}  {msg.get('role')}  session {item['session_id']}  seq {item['seq']}  "
+            f"{when(item['timestamp'])}  {item['token_count']} tokens")
+        for key, value in msg.items():
+            if key not in ("role", "content"):
+                say(f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+        say("")
+        click.echo(text)
+        return
+    sources: list[dict[str, Any]] = []
+    offset: int | None = 0
+    head = None
+    while offset is not None:
+        res = tool(engine, "lcm_expand", node_id=ident, source_offset=offset, source_limit=50, max_tokens=16_000)
+        head = head or res
+        sources.extend(res["expanded"])
+        offset = res["pagination"]["next_source_offset"]
+    assert head is not None
+    if as_json:
+        emit_json({**{k: v for k, v in head.items() if k not in ("expanded", "pagination")},
+                   "expanded": sources, "total_sources": len(sources)})
+        return
+    say(f"node:{ident}  depth {head['depth']}  {len(sources)} source(s)")
+    for src in sources:
+        if "store_id" in src:
+            msg = src["message"]
+            say("")
+            say(f"── msg:{src['store_id']} {msg.get('role')} seq {src['seq']} {when(src['timestamp'])}")
+            body = msg.get("content")
+            if body is None and msg.get("tool_calls"):
+                body = "tool calls: " + (msg["tool_calls"] if isinstance(msg["tool_calls"], str)
+                                         else json.dumps(msg["tool_calls"], ensure_ascii=False))
+            click.echo(body if isinstance(body, str) else json.dumps(body, ensure_ascii=False))
+            if src.get("content_truncated") or src.get("fields_truncated"):
+                say(f"   (cut; the whole message: lcm expand msg:{src['store_id']})")
+        else:
+            say("")
+            say(f"── node:{src['node_id']} depth {src['depth']} ({src['token_count']} tokens)")
+            click.echo(src["content"])
+
+
+@click.command("load")
+@click.argument("session_key", metavar="SESSION")
+@url_option
+@agent_option
+@json_option
+@click.option("--roles", help="Comma list of roles to show, e.g. user,assistant.")
+@click.option("--max-chars", type=click.IntRange(1, 20_000), default=2_000, show_default=True,
+              help="Characters of each message shown (lcm expand msg:ID has the rest).")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Messages to show at most.")
+def load_command(session_key: str, url: str | None, agent: str, as_json: bool, roles: str | None,
+                 max_chars: int, limit: int | None) -> None:
+    """A whole session in order (the lcm_load_session tool, every page)."""
+    engine = open_engine(url, agent)
+    role_list = [r.strip() for r in roles.split(",") if r.strip()] if roles else None
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page_size = 200 if limit is None else min(200, limit - len(items))
+        res = tool(engine, "lcm_load_session", session_id=session_key, limit=page_size,
+                   after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
+        items.extend(res["messages"])
+        cursor = res["next_cursor"]
+        if cursor is None or (limit is not None and len(items) >= limit):
+            break
+    if as_json:
+        emit_json({"session_id": session_key, "messages": items, "more_after": cursor})
+        return
+    for item in items:
+        msg = item["message"]
+        say(f"── msg:{item['store_id']} {msg.get('role')} seq {item['seq']} {when(item['timestamp'])}")
+        body = msg.get("content")
+        if msg.get("tool_calls"):
+            calls = msg["tool_calls"]
+            say("tool calls: " + (calls if isinstance(calls, str) else json.dumps(calls, ensure_ascii=False)))
+        if body is not None:
+            click.echo(body if isinstance(body, str) else json.dumps(body, ensure_ascii=False))
+        if item.get("content_truncated"):
+            say(f"   … {item['content_chars'] - max_chars:,} more characters: lcm expand msg:{item['store_id']}")
+    if cursor is not None:
+        say(f"(more messages after msg:{cursor}; raise --limit)")

@@ -1,0 +1,185 @@
+"""``lcm ingest`` and ``lcm export``: transcripts in and out (formats in ``lcm.transfer``)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lcm.cli.common import agent_option, emit_json, json_option, open_engine, open_store, say, stderr, stdout, url_option
+from lcm.transfer import (
+    ImportReport,
+    SessionPlan,
+    dump_line,
+    export_sessions,
+    import_session,
+    plan_sessions,
+    read_transcript,
+    turns,
+)
+
+DEFAULT_CONTEXT = 128_000
+
+
+class _LineProgress:
+    """Progress for a stderr that is not a terminal (CI logs, pipes): one line per session."""
+
+    def __enter__(self) -> "_LineProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, description: str, total: int) -> int:
+        stderr.print(f"{description}: {total} turns", markup=False)
+        return 0
+
+    def update(self, task: int, description: str) -> None:
+        stderr.print(description, markup=False)
+
+    def advance(self, task: int, steps: int = 1) -> None:
+        return None
+
+
+def progress_bar(enabled: bool) -> Any:
+    """Progress on stderr (stdout stays clean for --json and pipes): a live bar in a terminal,
+    plain lines elsewhere."""
+    if not enabled:
+        return nullcontext(None)
+    if not stderr.is_terminal:
+        return _LineProgress()
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=stderr, transient=True)
+
+
+def import_plans(engine: Any, plans: Sequence[SessionPlan], *, compact: bool, show_progress: bool,
+                 label: str = "ingest", carry: bool = False,
+                 on_session: Callable[[SessionPlan], None] | None = None) -> tuple[list[ImportReport], list[dict[str, Any]]]:
+    """Import each session, compacting after every turn as a live host would; returns the
+    reports and the compaction outcomes that did something. ``carry``: start each session like
+    a host's /new after the previous one (summaries carried over)."""
+    reports: list[ImportReport] = []
+    outcomes: list[dict[str, Any]] = []
+    total = sum(len(turns(p.entries)) for p in plans)
+    with progress_bar(show_progress) as progress:
+        task = progress.add_task(label, total=total) if progress is not None else None
+        for index, plan in enumerate(plans):
+            if carry and index > 0:
+                engine.on_session_reset()
+            engine.open_session(plan.session_key, platform=plan.platform, conversation_id=plan.conversation_id)
+            if progress is not None:
+                progress.update(task, description=f"{label} {plan.session_key}")
+
+            def after_turn(session: Any, added: int) -> None:
+                if compact and added:
+                    done = engine.compact_stored()
+                    if done.get("passes"):
+                        outcomes.append(done)
+                if progress is not None:
+                    progress.advance(task)
+
+            report = import_session(engine.store, engine.agent_id, plan, after_turn=after_turn)
+            if progress is not None and report.added == 0:
+                progress.advance(task, len(turns(plan.entries)))
+            if compact:
+                outcomes.extend(settle(engine))
+            reports.append(report)
+            if on_session is not None:
+                on_session(plan)
+    return reports, outcomes
+
+
+def settle(engine: Any, max_rounds: int = 50) -> list[dict[str, Any]]:
+    """Compact until the session fits (or nothing more can be done)."""
+    done = []
+    for _ in range(max_rounds):
+        outcome = engine.compact_stored()
+        if not outcome.get("passes"):
+            break
+        done.append(outcome)
+    return done
+
+
+@click.command("ingest")
+@click.argument("source", metavar="FILE")
+@url_option
+@agent_option
+@json_option
+@click.option("--session", "session_key", metavar="ID",
+              help="Session to store into (required for plain messages; overrides the file's).")
+@click.option("--platform", help="Platform of a new session (cli, telegram, ...).")
+@click.option("--skip-bad", is_flag=True, help="Import the valid lines and list the bad ones.")
+@click.option("--no-compact", is_flag=True, help="Only store; do not summarize.")
+@click.option("--context-length", type=click.IntRange(1_000), default=DEFAULT_CONTEXT, show_default=True,
+              help="Model window the compaction aims for.")
+def ingest_command(source: str, url: str | None, agent: str, as_json: bool, session_key: str | None,
+                   platform: str | None, skip_bad: bool, no_compact: bool, context_length: int) -> None:
+    """Store a transcript (OpenAI-format JSON or JSONL, or - for stdin), each message once."""
+    transcript = read_transcript(source, skip_bad=skip_bad)  # validates everything first
+    plans = plan_sessions(transcript, session_key=session_key)
+    for plan in plans:
+        plan.platform = plan.platform or platform
+    engine = open_engine(url, agent, create=True, context_length=context_length)
+    reports, outcomes = import_plans(engine, plans, compact=not no_compact,
+                                     show_progress=not as_json and bool(plans))
+    depth_counts = {}
+    for plan in plans:
+        session = engine.store.find_session(engine.agent_id, plan.session_key)
+        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in engine.store.depth_stats(session.id)}
+    result = {"source": transcript.source, "agent": engine.agent_id,
+              "skipped": [{transcript.unit: w, "reason": why} for w, why in transcript.skipped],
+              "sessions": [{"session_id": r.session_key, "in_file": r.in_file, "already_stored": r.already_stored,
+                            "added": r.added, "not_stored": r.dropped, "summaries": depth_counts[r.session_key]}
+                           for r in reports],
+              "summaries_written": sum(o.get("leaves", 0) + o.get("condensed", 0) for o in outcomes)}
+    if as_json:
+        emit_json(result)
+        return
+    for where, why in transcript.skipped:
+        stderr.print(f"skipped {transcript.unit} {where}: {why}", markup=False)
+    table = Table(title=f"lcm ingest {transcript.source}")
+    for col in ("session", "in file", "already stored", "added", "summaries"):
+        table.add_column(col, justify="left" if col in ("session", "summaries") else "right")
+    for row in result["sessions"]:
+        table.add_row(row["session_id"], str(row["in_file"]), str(row["already_stored"]), str(row["added"]),
+                      " ".join(f"{k}:{v}" for k, v in row["summaries"].items()) or "-")
+    stdout.print(table)
+    dropped = sum(r.dropped for r in reports)
+    if dropped:
+        say(f"{dropped} message(s) not stored: a leading system prompt or lcm's own summaries "
+            "(hosts resend those; lcm never stores them)")
+
+
+@click.command("export")
+@url_option
+@agent_option
+@click.option("--session", "session_key", metavar="ID", help="One session; default: all of the agent's.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
+              show_default=True, help="File to write (JSONL); - for stdout.")
+def export_command(url: str | None, agent: str, session_key: str | None, output: str) -> None:
+    """Write sessions as JSONL that `lcm ingest` reads back into an identical store."""
+    store = open_store(url)
+    lines = export_sessions(store, agent, session_key)
+    if output == "-":
+        for line in lines:
+            click.echo(dump_line(line))
+        return
+    target = Path(output).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            for line in lines:
+                out.write(dump_line(line) + "\n")
+                count += 1
+        os.replace(tmp, target)  # all or nothing: a failed export leaves no partial file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    say(f"exported {count} message(s) to {target}")

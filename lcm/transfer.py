@@ -1,0 +1,298 @@
+"""Transcripts in and out of a store: what ``lcm ingest`` and ``lcm export`` do.
+
+Formats read (``read_transcript``):
+  * JSONL, one object per line: an OpenAI-format message (``{"role": ...}``), or an export
+    line ``{"session_id", "platform", "conversation_id", "seq", "timestamp", "message": {...}}``
+    (``lcm export`` writes these; only ``message`` is required);
+  * JSON: a list of such objects, or a chat request body ``{"messages": [...]}``.
+Blank lines are skipped. Every line is validated before anything is written; a bad line is
+reported with its line number (item number in a JSON list) and, unless the caller skips bad
+lines, nothing is imported.
+
+Plain messages are a *host transcript*: a leading system prompt is not stored (hosts rebuild it
+every turn) and lcm's own summary messages are dropped, exactly as live ingest does. Export
+lines are stored messages and are imported verbatim, with their recorded times, so that
+``export → ingest → export`` reproduces the export byte for byte.
+
+Idempotence (``import_session``): the file's messages are matched, in order, against the
+session's stored messages from the start. Stored messages that are a prefix of the file are
+skipped and the rest appended; a file that is a prefix of the stored session adds nothing; a
+file that disagrees with what is stored is refused (import it under another session id)
+rather than guessed at. Importing the same file twice therefore adds nothing, and an import
+interrupted halfway resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
+
+from lcm.errors import InvalidMessageError, LcmError
+from lcm.ingest import message_key, meta_key
+from lcm.messages import content_hash, encode_message, parse_timestamp
+from lcm.records import MessageRecord, SessionRecord
+from lcm.store import Store
+from lcm.transcript import is_lcm_summary, is_real_user, role_of
+
+EXPORT_PAGE = 500
+MAX_REPORTED_PROBLEMS = 5
+
+
+class TranscriptError(LcmError, ValueError):
+    """The transcript cannot be imported as it is (the message says where and why)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One message of a transcript file, with where it came from."""
+
+    where: int  # line number (JSONL) or item number (JSON list), 1-based
+    message: dict[str, Any]
+    session_key: str | None = None
+    platform: str | None = None
+    conversation_id: str | None = None
+    timestamp: float | None = None
+    exported: bool = False  # an export line: a stored message, imported verbatim
+
+
+@dataclass
+class Transcript:
+    source: str
+    entries: list[Entry]
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (where, why) of bad lines skipped
+    unit: str = "line"
+
+
+def _open_text(source: str | Path | TextIO) -> tuple[str, str]:
+    if isinstance(source, io.TextIOBase) or hasattr(source, "read"):
+        return getattr(source, "name", "<stdin>"), source.read()  # type: ignore[union-attr]
+    if str(source) == "-":
+        return "<stdin>", sys.stdin.read()
+    path = Path(source).expanduser()
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TranscriptError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TranscriptError(f"{path}: is a directory, not a transcript file") from None
+    except UnicodeDecodeError as exc:
+        raise TranscriptError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise TranscriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _items(text: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]], str]:
+    """(numbered raw items, JSON errors, unit) of a JSON or JSONL document."""
+    stripped = text.strip()
+    if not stripped:
+        return [], [], "line"
+    try:
+        whole = json.loads(stripped)
+    except json.JSONDecodeError:
+        whole = None
+    else:
+        if isinstance(whole, list):
+            return list(enumerate(whole, 1)), [], "item"
+        if isinstance(whole, dict) and isinstance(whole.get("messages"), list):
+            key = whole.get("session_id")
+            items = [{"session_id": key, "message": m} if isinstance(key, str) and isinstance(m, dict)
+                     and "message" not in m else m for m in whole["messages"]]
+            return list(enumerate(items, 1)), [], "item"
+    items, errors = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            errors.append((number, f"not JSON ({exc.msg} at column {exc.colno})"))
+    return items, errors, "line"
+
+
+def _entry(where: int, raw: Any) -> Entry:
+    if not isinstance(raw, dict):
+        raise InvalidMessageError(f"expected a JSON object, got {type(raw).__name__}")
+    exported = "message" in raw
+    message = raw["message"] if exported else raw
+    if not isinstance(message, dict):
+        raise InvalidMessageError("'message' must be an object")
+    encode_message(message)  # the store's own validation: role, content, JSON-serialisable
+    meta: dict[str, Any] = {}
+    if exported:
+        for key in ("session_id", "platform", "conversation_id"):
+            value = raw.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise InvalidMessageError(f"{key!r} must be a non-empty string")
+            meta[key] = value
+        if raw.get("timestamp") is not None:
+            ts = parse_timestamp(raw["timestamp"])
+            if ts is None:
+                raise InvalidMessageError(f"'timestamp' must be Unix seconds or ISO-8601 with a zone, "
+                                          f"got {raw['timestamp']!r}")
+            meta["timestamp"] = ts
+    return Entry(where=where, message=message, session_key=meta.get("session_id"),
+                 platform=meta.get("platform"), conversation_id=meta.get("conversation_id"),
+                 timestamp=meta.get("timestamp"), exported=exported)
+
+
+def read_transcript(source: str | Path | TextIO, *, skip_bad: bool = False) -> Transcript:
+    """Parse and validate a whole transcript; TranscriptError lists the bad lines (by number)
+    unless ``skip_bad``, in which case they are left out and listed in ``skipped``."""
+    name, text = _open_text(source)
+    items, problems, unit = _items(text)
+    entries: list[Entry] = []
+    for where, raw in items:
+        try:
+            entries.append(_entry(where, raw))
+        except (InvalidMessageError, ValueError) as exc:
+            problems.append((where, str(exc)))
+    problems.sort()
+    if problems and not skip_bad:
+        shown = "; ".join(f"{unit} {w}: {why}" for w, why in problems[:MAX_REPORTED_PROBLEMS])
+        more = f" (and {len(problems) - MAX_REPORTED_PROBLEMS} more)" if len(problems) > MAX_REPORTED_PROBLEMS else ""
+        raise TranscriptError(f"{name}: {len(problems)} bad {unit}{'s' if len(problems) > 1 else ''}, "
+                              f"nothing imported: {shown}{more} (--skip-bad imports the rest)")
+    return Transcript(name, entries, problems, unit)
+
+
+# --------------------------------------------------------------------------- import
+
+
+@dataclass
+class SessionPlan:
+    """The messages of one session to import, in order."""
+
+    session_key: str
+    entries: list[Entry]
+    platform: str | None = None
+    conversation_id: str | None = None
+    dropped: int = 0  # system prompt and lcm summaries of a host transcript, not stored
+
+
+def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:
+    """Group the entries by session (``session_key`` puts them all into one), in file order."""
+    plans: dict[str, SessionPlan] = {}
+    for entry in transcript.entries:
+        key = session_key or entry.session_key
+        if not key:
+            raise TranscriptError(f"{transcript.source}: {transcript.unit} {entry.where} names no session: "
+                                  "pass --session NAME")
+        plan = plans.setdefault(key, SessionPlan(key, []))
+        plan.platform = plan.platform or entry.platform
+        plan.conversation_id = plan.conversation_id or entry.conversation_id
+        plan.entries.append(entry)
+    for plan in plans.values():
+        kept = []
+        for i, entry in enumerate(plan.entries):
+            if not entry.exported and (is_lcm_summary(entry.message) or (
+                    i == 0 and role_of(entry.message) == "system")):
+                plan.dropped += 1
+                continue
+            kept.append(entry)
+        plan.entries = kept
+    return list(plans.values())
+
+
+@dataclass
+class ImportReport:
+    session_key: str
+    in_file: int
+    already_stored: int
+    added: int
+    dropped: int
+
+
+def turns(entries: Sequence[Entry]) -> list[list[Entry]]:
+    """Split at each real user message: the unit a host would have sent, and the step at which
+    an import compacts."""
+    out: list[list[Entry]] = []
+    for entry in entries:
+        if not out or is_real_user(entry.message):
+            out.append([])
+        out[-1].append(entry)
+    return out
+
+
+def import_session(store: Store, agent: str, plan: SessionPlan, *,
+                   after_turn: Callable[[SessionRecord, int], None] | None = None) -> ImportReport:
+    """Store a session's messages exactly once (see the module docstring for the matching
+    rule). ``after_turn(session, messages_added)`` runs after each stored turn (compaction,
+    progress)."""
+    session = store.get_or_create_session(agent, plan.session_key, platform=plan.platform,
+                                          conversation_id=plan.conversation_id)
+    stored = store.message_metas(session.id, first_seq=1, last_seq=session.last_seq) if session.last_seq else []
+    keys = [message_key(e.message, content_hash(e.message)) for e in plan.entries]
+    common = 0
+    while common < min(len(stored), len(keys)) and meta_key(stored[common]) == keys[common]:
+        common += 1
+    if common < len(stored) and common < len(keys):
+        where = plan.entries[common].where
+        raise TranscriptError(
+            f"session {plan.session_key!r} already holds different messages: its message {common + 1} "
+            f"is not the file's ({where}); import into another session (--session NAME)")
+    anchor = stored[common - 1].identity if common else None
+    rest = plan.entries[common:]
+    added = 0
+    for turn in turns(rest):
+        result = store.append_messages(
+            session.id, [e.message for e in turn], after_identity=anchor,
+            timestamps=[e.timestamp for e in turn])
+        anchor, session = result.last_identity, result.session
+        added += result.inserted
+        if after_turn is not None:
+            after_turn(session, result.inserted)
+    return ImportReport(plan.session_key, len(plan.entries), common, added, plan.dropped)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_line(session: SessionRecord, record: MessageRecord) -> dict[str, Any]:
+    return {"session_id": session.session_key, "platform": session.platform,
+            "conversation_id": session.conversation_id, "seq": record.seq,
+            "timestamp": record.ts, "message": record.message}
+
+
+def export_sessions(store: Store, agent: str, session_key: str | None = None) -> Iterator[dict[str, Any]]:
+    """Every stored message of the agent's session (or of all its sessions, oldest session
+    first), in store order, as export lines; read page by page, so memory stays flat."""
+    if session_key is not None:
+        found = store.find_session(agent, session_key)
+        if found is None:
+            raise TranscriptError(f"agent {agent!r} has no session {session_key!r} (lcm sessions lists them)")
+        sessions: Iterator[SessionRecord] = iter([found])
+    else:
+        sessions = _all_sessions(store, agent)
+    for session in sessions:
+        cursor = None
+        while True:
+            records, cursor = store.page_messages(session.id, after_store_id=cursor, limit=EXPORT_PAGE)
+            for record in records:
+                yield export_line(session, record)
+            if cursor is None:
+                break
+
+
+def _all_sessions(store: Store, agent: str) -> Iterator[SessionRecord]:
+    after = None
+    while True:
+        page = store.list_sessions(agent, limit=100, after_id=after)
+        yield from page
+        if len(page) < 100:
+            return
+        after = page[-1].id
+
+
+def dump_line(line: Mapping[str, Any]) -> str:
+    """One JSONL line: compact and readable (non-ASCII kept), except that a line holding lone
+    surrogates is written fully escaped so the file stays valid UTF-8 and reads back exactly."""
+    text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(line, ensure_ascii=True, separators=(",", ":"))
+    return text

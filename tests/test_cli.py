@@ -1,0 +1,309 @@
+"""The ``lcm`` command line through its real entry point (``lcm.cli.main``, and ``python -m lcm``
+in a subprocess where exit codes and stderr are the point), on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from lcm.cli import main
+from lcm.demo import generate
+from lcm.store import Store
+
+from tests.conftest import REPO_ROOT
+from tests.faults import drop_from_index
+
+SECRET = "The vault lease id is VL-5501-ZETA; rotate it on Fridays."
+BIG = {"patch": "z" * 12_000}
+
+
+@pytest.fixture
+def lcm(capsys, monkeypatch):
+    """Run ``lcm ARGS`` in-process: (exit code, stdout, stderr)."""
+    monkeypatch.delenv("LCM_DATABASE_URL", raising=False)
+    monkeypatch.delenv("LCM_AGENT_ID", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def run_json(lcm, *args: str) -> Any:
+    code, out, err = lcm(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def subprocess_lcm(*args: str, stdin: str | None = None, env: dict[str, str] | None = None,
+                   cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LCM_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "lcm", *args], input=stdin, capture_output=True, text=True,
+                          timeout=120, env=full_env, cwd=cwd or REPO_ROOT)
+
+
+def one_clean_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def transcript(turns: int = 12) -> list[dict[str, Any]]:
+    """A host transcript: system prompt, a secret first, tool calls, one huge tool call."""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."},
+                                  {"role": "user", "content": SECRET},
+                                  {"role": "assistant", "content": "Understood."}]
+    for i in range(turns):
+        call = f"c{i}"
+        args = BIG if i == 3 else {"cmd": f"make step{i}"}
+        msgs += [{"role": "user", "content": f"Run step {i} of the migration plan " + "please " * 40},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": call, "type": "function", "function": {"name": "shell", "arguments": json.dumps(args)}}]},
+                 {"role": "tool", "tool_call_id": call, "content": f"step {i} output " + "ok " * 150},
+                 {"role": "assistant", "content": f"Step {i} finished without errors."}]
+    return msgs
+
+
+@pytest.fixture
+def chat_file(tmp_path) -> Path:
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(transcript()), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def ingested(lcm, db_url, chat_file, monkeypatch) -> str:
+    """The transcript ingested into agent ``ops``, session ``s1``, compacted on a small window."""
+    for var, value in (("LCM_LEAF_CHUNK_TOKENS", "600"), ("LCM_FRESH_TAIL_COUNT", "6"),
+                       ("LCM_LEAF_TARGET_TOKENS", "80"), ("LCM_CONDENSATION_FANIN", "2")):
+        monkeypatch.setenv(var, value)
+    Store.open(db_url, upgrade=True)
+    res = run_json(lcm, "ingest", str(chat_file), "--url", db_url, "--agent", "ops", "--session", "s1",
+                   "--platform", "cli", "--context-length", "2000")
+    [row] = res["sessions"]
+    assert row["added"] == len(transcript()) - 1 and row["not_stored"] == 1  # the system prompt
+    assert row["summaries"].get("d0", 0) >= 2
+    return db_url
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_the_shipped_demo_transcript_is_the_generators_output():
+    shipped = (REPO_ROOT / "lcm" / "demo" / "transcript.jsonl").read_text(encoding="utf-8")
+    assert shipped == "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in generate.lines())
+
+
+def test_demo_tells_the_whole_story_and_is_idempotent(lcm, db_url):
+    Store.open(db_url, upgrade=True)
+    first = run_json(lcm, "demo", "--url", db_url)
+    total = sum(1 for _ in generate.lines())
+    assert first["stored_messages"] == total and first["new_messages"] == total
+    assert first["summaries_written"] > 0 and first["recall"]["byte_exact"] is True
+    assert generate.BRIDGE_CODE in first["recall"]["text"]
+    assert any("d1" in s["summaries"] for s in first["sessions"])
+    assert all(0 < s["assembled_tokens"] <= first["context_length"] for s in first["sessions"])
+    assert all(s["assembled_tokens"] < s["raw_tokens"] for s in first["sessions"])
+    again = run_json(lcm, "demo", "--url", db_url)
+    assert again["new_messages"] == 0 and again["already_stored"] == total
+    assert again["summaries_written"] == 0
+    assert [s["summaries"] for s in again["sessions"]] == [s["summaries"] for s in first["sessions"]]
+    code, out, err = lcm("demo", "--url", db_url)
+    assert code == 0 and "byte-exact: yes" in out and generate.BRIDGE_CODE in out, err
+    doctor = run_json(lcm, "doctor", "--url", db_url, "--agent", "lcm-demo")
+    assert doctor["overall"] == "healthy", doctor
+
+
+# --------------------------------------------------------------------------- ingest and export
+
+
+def test_ingest_twice_adds_nothing_and_export_round_trips_exactly(lcm, ingested, tmp_path):
+    again = run_json(lcm, "ingest", str(tmp_path / "chat.json"), "--url", ingested, "--agent", "ops",
+                     "--session", "s1")
+    assert again["sessions"][0]["added"] == 0 and again["sessions"][0]["already_stored"] == len(transcript()) - 1
+    first = tmp_path / "first.jsonl"
+    code, out, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(first))
+    assert code == 0 and f"exported {len(transcript()) - 1}" in out, err
+    copy = run_json(lcm, "ingest", str(first), "--url", ingested, "--agent", "copy")
+    assert copy["sessions"][0]["added"] == len(transcript()) - 1 and copy["sessions"][0]["not_stored"] == 0
+    code, second, err = lcm("export", "--url", ingested, "--agent", "copy")
+    assert code == 0, err
+    assert second == first.read_text(encoding="utf-8")  # byte for byte, times and key order included
+    lines = [json.loads(line) for line in second.splitlines()]
+    assert lines[0]["message"] == {"role": "user", "content": SECRET} and lines[0]["platform"] == "cli"
+    assert [line["seq"] for line in lines] == list(range(1, len(lines) + 1))
+
+
+def test_ingest_continues_a_grown_transcript_and_refuses_a_different_one(lcm, ingested, tmp_path):
+    grown = tmp_path / "grown.jsonl"
+    msgs = transcript() + [{"role": "user", "content": "one more thing"}, {"role": "assistant", "content": "sure"}]
+    grown.write_text("".join(json.dumps(m) + "\n" for m in msgs), encoding="utf-8")
+    res = run_json(lcm, "ingest", str(grown), "--url", ingested, "--agent", "ops", "--session", "s1")
+    assert res["sessions"][0]["added"] == 2
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"role": "user", "content": "a different conversation"}]), encoding="utf-8")
+    code, _, err = lcm("ingest", str(other), "--url", ingested, "--agent", "ops", "--session", "s1")
+    assert code == 1 and "already holds different messages" in err and "another session" in err
+    assert Store.open(ingested).find_session("ops", "s1").message_count == len(msgs) - 1
+
+
+def test_a_bad_line_is_reported_by_number_and_nothing_is_imported(lcm, db_url, tmp_path):
+    Store.open(db_url, upgrade=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "user", "content": "fine"}\n\n{"role": "assistant", "content": "cut\n'
+                   '{"content": "no role"}\n{"role": "assistant", "content": "also fine"}\n', encoding="utf-8")
+    code, out, err = lcm("ingest", str(bad), "--url", db_url, "--session", "s")
+    assert code == 1 and "line 3" in err and "line 4" in err and "nothing imported" in err
+    assert len(err.strip().splitlines()) == 1 and out == ""
+    assert Store.open(db_url).find_session("default", "s") is None
+    res = run_json(lcm, "ingest", str(bad), "--url", db_url, "--session", "s", "--skip-bad")
+    assert [s["line"] for s in res["skipped"]] == [3, 4] and res["sessions"][0]["added"] == 2
+
+
+def test_ingest_reads_stdin_and_drops_lcm_summaries(db_url, tmp_path):
+    Store.open(db_url, upgrade=True)
+    body = {"messages": [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "[LCM CONTEXT SUMMARY — REFERENCE ONLY]\nolder stuff"},
+        {"role": "user", "content": "hello from stdin"}, {"role": "assistant", "content": "hi"}]}
+    proc = subprocess_lcm("ingest", "-", "--url", db_url, "--session", "piped", "--json", stdin=json.dumps(body))
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)["sessions"][0]
+    assert row["added"] == 2 and row["not_stored"] == 2
+
+
+def test_plain_messages_need_a_session(lcm, db_url, chat_file):
+    Store.open(db_url, upgrade=True)
+    code, _, err = lcm("ingest", str(chat_file), "--url", db_url)
+    assert code == 1 and "--session" in err
+
+
+def test_a_failed_export_leaves_no_partial_file(lcm, ingested, tmp_path):
+    target = tmp_path / "missing-dir" / "out.jsonl"
+    code, _, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(target))
+    assert code != 0 and not target.exists()
+    code, _, err = lcm("export", "--url", ingested, "--agent", "ops", "--session", "nope")
+    assert code == 1 and "no session 'nope'" in err
+
+
+# --------------------------------------------------------------------------- the tools for people
+
+
+def test_sessions_grep_describe_expand_and_load(lcm, ingested):
+    url = ["--url", ingested, "--agent", "ops"]
+    sessions = run_json(lcm, "sessions", *url)["sessions"]
+    assert [(s["session_id"], s["platform"], s["messages"]) for s in sessions] == [("s1", "cli", len(transcript()) - 1)]
+    assert run_json(lcm, "sessions", "--url", ingested, "--all-agents")["sessions"][0]["agent"] == "ops"
+    found = run_json(lcm, "grep", "VL-5501-ZETA", *url)
+    [hit] = [h for h in found["results"] if h["type"] == "message"]
+    code, raw, _ = lcm("expand", f"msg:{hit['store_id']}", "--raw", *url)
+    assert code == 0 and raw == SECRET
+    code, human, _ = lcm("grep", "VL-5501-ZETA", *url)
+    assert code == 0 and f"msg:{hit['store_id']}" in human and "lcm expand" in human
+    big_id = next(i for i in run_json(lcm, "load", "s1", *url)["messages"] if "fields_truncated" in i)["store_id"]
+    whole = run_json(lcm, "expand", f"msg:{big_id}", *url)["message"]
+    assert json.loads(whole["tool_calls"][0]["function"]["arguments"]) == BIG  # cut fields paged back
+    overview = run_json(lcm, "describe", *url)
+    assert overview["session_id"] == "s1" and overview["depths"]["d0"]["count"] >= 2
+    leaf = overview["depths"]["d0"]["nodes"][0]["node_id"]
+    detail = run_json(lcm, "describe", f"node:{leaf}", *url)
+    sources = run_json(lcm, "expand", f"node:{leaf}", *url)
+    assert [s["store_id"] for s in sources["expanded"]] == detail["source_ids"]
+    code, tree, _ = lcm("describe", *url)
+    assert code == 0 and f"node:{leaf}" in tree
+    loaded = run_json(lcm, "load", "s1", "--max-chars", "20000", *url)
+    stored = Store.open(ingested).get_messages(Store.open(ingested).find_session("ops", "s1").id)
+    assert [i["store_id"] for i in loaded["messages"]] == [r.store_id for r in stored]
+    users = run_json(lcm, "load", "s1", "--roles", "user", *url)["messages"]
+    assert {i["message"]["role"] for i in users} == {"user"}
+    page = run_json(lcm, "load", "s1", "--limit", "5", *url)
+    assert len(page["messages"]) == 5 and page["more_after"] == page["messages"][-1]["store_id"]
+
+
+def test_grep_filters_and_bad_arguments(lcm, ingested):
+    url = ["--url", ingested, "--agent", "ops"]
+    tools = run_json(lcm, "grep", "output", "--role", "tool", *url)["results"]
+    assert tools and {h["role"] for h in tools} == {"tool"}
+    assert run_json(lcm, "grep", "VL-5501-ZETA", "--since", "2999-01-01T00:00:00Z", *url)["results"] == []
+    assert run_json(lcm, "grep", "VL-5501-ZETA", "--session", "s1", *url)["results"]
+    code, _, err = lcm("grep", "x", "--since", "2026-01-01T00:00:00", *url)
+    assert code == 1 and "time zone" in err
+    code, _, err = lcm("grep", "x", "--session", "nope", *url)
+    assert code == 1 and "no session 'nope'" in err
+    code, _, err = lcm("expand", "42", *url)
+    assert code == 2 and "msg:ID" in err
+    code, _, err = lcm("expand", "msg:999999", *url)
+    assert code == 1 and "not found" in err
+    code, _, err = lcm("describe", *url[:2], "--agent", "nobody")
+    assert code == 1 and "no sessions" in err
+
+
+def test_status_doctor_and_repair(lcm, ingested):
+    url = ["--url", ingested]
+    stats = run_json(lcm, "status", *url)
+    assert stats["messages"] == len(transcript()) - 1 and stats["backend"] in ("sqlite", "postgresql")
+    session = run_json(lcm, "status", *url, "--agent", "ops", "--session", "s1")
+    assert session["stored_messages"] == len(transcript()) - 1 and session["nodes_by_depth"]["d0"] >= 2
+    assert run_json(lcm, "doctor", *url)["overall"] == "healthy"
+    store = Store.open(ingested)
+    newest = store.get_messages(store.find_session("ops", "s1").id)[-1].store_id
+    drop_from_index(store, newest)
+    code, out, _ = lcm("doctor", *url, "--json")
+    assert code == 1 and json.loads(out)["overall"] == "unhealthy"
+    code, out, _ = lcm("doctor", *url)
+    assert code == 1 and "lcm doctor --repair" in out
+    repaired = run_json(lcm, "doctor", *url, "--repair")
+    assert repaired["overall"] == "healthy" and repaired["repair"]["reindexed"]["messages"] == len(transcript()) - 1
+
+
+def test_backup_is_a_consistent_copy(lcm, ingested, tmp_path):
+    dest = tmp_path / "copy.db"
+    code, out, err = lcm("backup", str(dest), "--url", ingested)
+    if Store.open(ingested).backend_name == "postgresql":
+        assert code == 1 and "pg_dump" in err and not dest.exists()
+        return
+    assert code == 0 and str(dest) in out, err
+    copy = Store.open(f"sqlite:///{dest}")
+    assert copy.stats()["messages"] == len(transcript()) - 1
+    assert {c.status for c in copy.integrity_checks(deep=True)} == {"ok"}
+    code, _, err = lcm("backup", str(dest), "--url", ingested)
+    assert code == 1 and "--force" in err
+    assert lcm("backup", str(dest), "--url", ingested, "--force")[0] == 0
+
+
+# --------------------------------------------------------------------------- failures: one line, no traceback
+
+
+def test_failures_are_one_line_and_a_nonzero_exit(tmp_path, db_url):
+    assert "no such file" in one_clean_line(subprocess_lcm("ingest", str(tmp_path / "missing.jsonl"),
+                                                           "--session", "s", "--url", f"sqlite:///{tmp_path}/x.db"))
+    assert "no lcm database" in one_clean_line(subprocess_lcm("grep", "x", "--url", f"sqlite:///{tmp_path}/typo.db"))
+    refused = one_clean_line(subprocess_lcm("status", "--url", "postgresql://lcm:secret@127.0.0.1:1/lcm"))
+    assert "cannot open" in refused and "secret" not in refused
+    store = Store.open(db_url, upgrade=True)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE lcm_alembic_version SET version_num = '9999_from_the_future'"))
+    newer = one_clean_line(subprocess_lcm("sessions", "--url", db_url))
+    assert "newer lcm" in newer and "upgrade lcm" in newer
+
+
+def test_a_bad_setting_is_one_line(tmp_path):
+    proc = subprocess_lcm("demo", "--url", f"sqlite:///{tmp_path}/d.db", env={"LCM_FRESH_TAIL_COUNT": "many"})
+    assert "LCM_FRESH_TAIL_COUNT" in one_clean_line(proc)
