@@ -52,6 +52,9 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+_LOCK = "SELECT {fn}(:k, hashtext(current_schema()))"
+
+
 def run_migrations_online() -> None:
     url = _url()
     engine = db.standalone_engine(url)
@@ -62,15 +65,22 @@ def run_migrations_online() -> None:
             if postgres:
                 # Session-level (not transaction-level): revisions may commit mid-way to build
                 # an index CONCURRENTLY, and the lock must hold until the whole run is done.
-                connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
+                # One lock per schema (two lcm schemas on one server never wait for each other),
+                # taken outside any transaction: a backend waiting for it holds no snapshot that
+                # another upgrade's DDL would have to wait for (that was a deadlock).
+                level = connection.default_isolation_level
                 connection.commit()
+                connection.execution_options(isolation_level="AUTOCOMMIT")
+                connection.execute(text(_LOCK.format(fn="pg_advisory_lock")), {"k": ADVISORY_LOCK_KEY})
+                connection.commit()
+                connection.execution_options(isolation_level=level)
             try:
                 with context.begin_transaction():
                     context.run_migrations()
             finally:
                 if postgres:
                     connection.rollback()
-                    connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+                    connection.execute(text(_LOCK.format(fn="pg_advisory_unlock")), {"k": ADVISORY_LOCK_KEY})
                     connection.commit()
     finally:
         engine.dispose()

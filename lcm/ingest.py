@@ -33,7 +33,7 @@ from lcm.errors import ConcurrentUpdateError
 from lcm.messages import content_hash, message_uid, uid_identity
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
 from lcm.store import Store
-from lcm.transcript import conversation_of, split_transcript
+from lcm.transcript import conversation_of, recall_call_ids, split_transcript
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class _Seen:
     host: list[Any] = field(default_factory=list)  # the host's whole list, system and summary too
     system: Any = None
     summaries: int = 0  # lcm summary messages in ``host``
+    recall: frozenset[str] = frozenset()  # ids of calls to lcm's own tools seen so far
 
 
 @dataclass
@@ -102,7 +103,8 @@ class Ingestor:
                 store_ids=[r.store_id for r in records], token_counts=[r.token_count for r in records],
                 last_seq=session.last_seq, last_identity=last_identity, session=session,
                 host=list(host), system=system,
-                summaries=len(host) - len(conversation) - (1 if system is not None else 0))
+                summaries=len(host) - len(conversation) - (1 if system is not None else 0),
+                recall=recall_call_ids(objects))
 
     def ingest(self, session_pk: int, messages: Sequence[Any]) -> IngestResult:
         with self._lock:
@@ -126,17 +128,19 @@ class Ingestor:
         """Full alignment of the transcript against the stored session."""
         session = self.store.get_session(session_pk)
         hashes = [_hash(m) for m in conversation]
+        recall = recall_call_ids(conversation)
         mapped, tokens, new_idx, anchor = self._align(session, conversation, hashes)
         if new_idx:
             result = self.store.append_messages(
-                session_pk, [conversation[i] for i in new_idx], after_identity=anchor or None)
+                session_pk, [conversation[i] for i in new_idx], after_identity=anchor or None,
+                recall_call_ids=recall)
             for i, sid, tok in zip(new_idx, result.store_ids, result.token_counts, strict=True):
                 mapped[i], tokens[i] = sid, tok
             session, anchor = result.session, result.last_identity
             if result.inserted:
                 log.debug("lcm ingest: %d new message(s) in session %s", result.inserted, session.session_key)
         seen = _Seen(list(conversation), hashes, [int(s) for s in mapped], [int(t or 0) for t in tokens],
-                     session.last_seq, anchor or "", session, len(new_idx))
+                     session.last_seq, anchor or "", session, len(new_idx), recall=recall)
         self._cache[session_pk] = seen
         return seen
 
@@ -146,15 +150,16 @@ class Ingestor:
         new = conversation[len(seen.objects):]
         if not new:  # nothing new: stored messages never change, no database work at all
             return _Seen(seen.objects, seen.hashes, seen.store_ids, seen.token_counts,
-                         seen.last_seq, seen.last_identity, seen.session, 0)
+                         seen.last_seq, seen.last_identity, seen.session, 0, recall=seen.recall)
+        recall = seen.recall | recall_call_ids(new)
         try:
             result = self.store.append_messages(session_pk, new, after_identity=seen.last_identity or None,
-                                                expect_last_seq=seen.last_seq)
+                                                expect_last_seq=seen.last_seq, recall_call_ids=recall)
         except ConcurrentUpdateError:
             return None
         extended = _Seen(conversation, seen.hashes + [_hash(m) for m in new],
                          seen.store_ids + list(result.store_ids), seen.token_counts + list(result.token_counts),
-                         result.session.last_seq, result.last_identity, result.session, len(new))
+                         result.session.last_seq, result.last_identity, result.session, len(new), recall=recall)
         self._cache[session_pk] = extended
         if result.inserted:
             log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,

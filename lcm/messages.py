@@ -28,10 +28,6 @@ from lcm.errors import InvalidMessageError
 CORE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 #: Keys the host adds for its own bookkeeping: stripped on ingest, never part of identity.
 HOST_MARKER_KEYS = frozenset({"_db_persisted"})
-#: Keys a host adds to a message *after* sending it (Hermes stamps ``api_content``, the exact
-#: bytes sent, onto the current user turn): stored as first seen, never part of identity, so
-#: the stamped and unstamped copies of one message are one message.
-VOLATILE_KEYS = HOST_MARKER_KEYS | {"api_content"}
 #: Content + tool-call text longer than this is stored as a compressed, deduplicated payload.
 PAYLOAD_MIN_CHARS = 65_536
 #: Longest role / tool_call_id / name kept in an indexed column (longer values go to ``extra``).
@@ -74,13 +70,44 @@ def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
 
 
-def content_hash(message: Mapping[str, Any]) -> str:
-    """A stable hash of everything in the message except host bookkeeping (``VOLATILE_KEYS``).
+def _call_substance(call: Any) -> Any:
+    if not isinstance(call, Mapping):
+        return call
+    fn = call.get("function")
+    if isinstance(fn, Mapping):
+        fn = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+    return {"id": call.get("id"), "type": call.get("type") or "function", "function": fn}
 
-    Key order does not matter (a host that re-serialises a message in another order is still
-    sending the same message); every value, type and nesting does.
+
+def substance(message: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes a message *this* message: who said it (role, and the speaker ``name`` of a
+    non-tool message), what was said (content; null, empty and absent are one "nothing"), which
+    tools it called (id, type, function name and arguments of each call) and which call it
+    answers. Everything else is an annotation a host may add or drop between sending a message
+    and sending it back — Hermes adds ``timestamp`` and drops ``reasoning`` and
+    ``finish_reason`` when it reloads a session, adds ``tool_name``, stamps ``api_content`` —
+    and must not turn one message into two."""
+    content = message.get("content")
+    out: dict[str, Any] = {"role": message.get("role"),
+                           "content": None if content in (None, "", []) else content}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_call_substance(c) for c in calls] if isinstance(calls, list) else calls
+    if message.get("tool_call_id") is not None:
+        out["tool_call_id"] = message.get("tool_call_id")
+    if message.get("role") != "tool" and message.get("name") is not None:
+        out["name"] = message.get("name")
+    return out
+
+
+def content_hash(message: Mapping[str, Any]) -> str:
+    """A stable hash of a message's :func:`substance` (key order never matters).
+
+    Identity (the hash chained to the predecessor's identity, or a host ``message_uid``) is
+    what makes ingest exactly-once; the stored message is still the whole message as first
+    seen, annotations included.
     """
-    body = {k: v for k, v in message.items() if k not in VOLATILE_KEYS}
+    body = substance(message)
     try:
         canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

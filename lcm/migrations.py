@@ -20,7 +20,8 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import URL
 
 #: Every revision of the history, oldest first. Append here when adding a revision.
-KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "0003_engine_state")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "0003_engine_state",
+                                     "0004_message_identity_v2")
 HEAD = KNOWN_REVISIONS[-1]
 VERSION_TABLE = "lcm_alembic_version"
 #: Key of the PostgreSQL advisory lock that serialises concurrent `lcm db upgrade` runs.

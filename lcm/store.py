@@ -22,7 +22,7 @@ import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, update
 from sqlalchemy.engine import URL
@@ -69,6 +69,8 @@ from lcm.records import (
 )
 from lcm.textindex import index_body, make_snippet, parse_query
 from lcm.tokens import TokenCounter
+from lcm.transcript import recall_call_ids as recall_call_ids_of
+from lcm.transcript import searchable_text
 
 MAX_SEARCH_LIMIT = 200
 MAX_PAGE_LIMIT = 1000
@@ -395,9 +397,9 @@ class Store:
 
     # ------------------------------------------------------------------ ingest
 
-    def _prepare(self, message: Mapping[str, Any]) -> _Prepared:
+    def _prepare(self, message: Mapping[str, Any], recall_ids: frozenset[str] = frozenset()) -> _Prepared:
         enc = encode_message(message)
-        body = index_body(enc.text)
+        body = index_body(searchable_text(message, recall_ids))
         same = enc.content_kind == CONTENT_TEXT and enc.content == body and enc.tool_calls is None
         payload = None
         if enc.payload is not None:
@@ -420,6 +422,7 @@ class Store:
         now: float | None = None,
         expect_last_seq: int | None = None,
         timestamps: Sequence[float | None] | None = None,
+        recall_call_ids: Collection[str] = (),
     ) -> AppendResult:
         """Store a turn's messages, each exactly once, in one transaction.
 
@@ -434,10 +437,14 @@ class Store:
 
         ``timestamps``: one per message, the time to record (an import restoring an export);
         None entries fall back to the message's own ``timestamp`` key, then to now.
+
+        ``recall_call_ids``: ids of calls to lcm's own tools made earlier in the conversation
+        (calls in ``messages`` itself are found here): their results are stored but not indexed.
         """
         if timestamps is not None and len(timestamps) != len(messages):
             raise ValueError(f"{len(timestamps)} timestamps for {len(messages)} messages")
-        prepared = [self._prepare(m) for m in messages]
+        recall = frozenset(recall_call_ids) | recall_call_ids_of(messages)
+        prepared = [self._prepare(m, recall) for m in messages]
         identities: list[str] = []
         prev = after_identity or ""
         for p in prepared:

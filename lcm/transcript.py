@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from lcm.messages import content_text
+from lcm.messages import content_text, message_text, tool_calls_text
 
 #: First line of every summary message lcm puts into a context (how it recognises its own
 #: summary when the host sends it back, with or without the ``_compressed_summary`` key).
@@ -82,3 +82,44 @@ def conversation_of(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
 def valid_cut_before(roles: Sequence[str | None], index: int) -> bool:
     """May a transcript (by roles) be cut right before position ``index``?"""
     return 0 < index < len(roles) and roles[index] == "assistant"
+
+
+# --------------------------------------------------------------------------- recall traffic
+
+#: lcm's own agent tools. Their calls and results are stored like any message but kept out of
+#: the search index: otherwise every lcm_grep would find the call that asked for it, and every
+#: lcm_expand result would echo old text back as a fresh hit.
+RECALL_TOOL_PREFIX = "lcm_"
+
+
+def _is_recall_call(call: Any) -> bool:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    return isinstance(name, str) and name.startswith(RECALL_TOOL_PREFIX)
+
+
+def recall_call_ids(messages: Sequence[Any]) -> frozenset[str]:
+    """Ids of the calls to lcm's own tools among these messages."""
+    ids = set()
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, Mapping) and role_of(m) == "assistant" else None
+        for call in calls if isinstance(calls, list) else ():
+            if _is_recall_call(call) and isinstance(call.get("id"), str):
+                ids.add(call["id"])
+    return frozenset(ids)
+
+
+def searchable_text(message: Mapping[str, Any], recall_ids: frozenset[str] | set[str] = frozenset()) -> str:
+    """The text the search index gets: all of it, except lcm's own recall traffic (a result
+    answering one of ``recall_ids`` or named ``lcm_*``, and the calls to lcm tools)."""
+    role = role_of(message)
+    if role == "tool":
+        tool = message.get("name") or message.get("tool_name")
+        if message.get("tool_call_id") in recall_ids or (
+                isinstance(tool, str) and tool.startswith(RECALL_TOOL_PREFIX)):
+            return ""
+    calls = message.get("tool_calls")
+    if role == "assistant" and isinstance(calls, list) and any(_is_recall_call(c) for c in calls):
+        kept = [c for c in calls if not _is_recall_call(c)]
+        return "\n".join(p for p in (content_text(message.get("content")), tool_calls_text(kept)) if p)
+    return message_text(message)

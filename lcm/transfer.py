@@ -36,7 +36,7 @@ from lcm.ingest import message_key, meta_key
 from lcm.messages import content_hash, encode_message, parse_timestamp
 from lcm.records import MessageRecord, SessionRecord
 from lcm.store import Store
-from lcm.transcript import is_lcm_summary, is_real_user, role_of
+from lcm.transcript import is_lcm_summary, is_real_user, recall_call_ids, role_of
 
 EXPORT_PAGE = 500
 MAX_REPORTED_PROBLEMS = 5
@@ -236,11 +236,12 @@ def import_session(store: Store, agent: str, plan: SessionPlan, *,
             f"is not the file's ({where}); import into another session (--session NAME)")
     anchor = stored[common - 1].identity if common else None
     rest = plan.entries[common:]
+    recall = recall_call_ids([e.message for e in plan.entries])
     added = 0
     for turn in turns(rest):
         result = store.append_messages(
             session.id, [e.message for e in turn], after_identity=anchor,
-            timestamps=[e.timestamp for e in turn])
+            timestamps=[e.timestamp for e in turn], recall_call_ids=recall)
         anchor, session = result.last_identity, result.session
         added += result.inserted
         if after_turn is not None:

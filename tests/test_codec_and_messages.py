@@ -93,6 +93,38 @@ def test_db_persisted_marker_is_stripped_and_not_part_of_identity():
     assert _rebuild(encode_message(b)) == a
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{\"cmd\": \"ls\"}"}}
+
+
+@pytest.mark.parametrize("live,reloaded", [
+    # Hermes' in-process assistant turn, and the same turn read back from its session database
+    ({"role": "assistant", "content": "done", "reasoning": None, "finish_reason": "stop"},
+     {"role": "assistant", "content": "done", "finish_reason": "stop", "timestamp": 1_795_000_000.5}),
+    ({"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning": "think"},
+     {"role": "assistant", "content": "", "tool_calls": [{**CALL, "index": 0}], "timestamp": 1}),
+    ({"role": "tool", "tool_call_id": "c1", "content": "out", "name": "shell", "tool_name": "shell"},
+     {"role": "tool", "tool_call_id": "c1", "content": "out", "timestamp": 2}),
+    ({"role": "user", "content": "hi"}, {"role": "user", "content": "hi", "api_content": "hi + memory"}),
+    ({"role": "assistant", "tool_calls": [CALL]}, {"role": "assistant", "content": None, "tool_calls": [CALL]}),
+])
+def test_annotations_a_host_adds_or_drops_are_not_identity(live, reloaded):
+    assert content_hash(live) == content_hash(reloaded)
+    assert _rebuild(encode_message(live)) == live  # while every key is still stored as sent
+
+
+@pytest.mark.parametrize("a,b", [
+    ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}),
+    ({"role": "user", "content": "hi"}, {"role": "user", "content": "hi "}),
+    ({"role": "user", "content": "hi", "name": "alice"}, {"role": "user", "content": "hi", "name": "bob"}),
+    ({"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+    ({"role": "assistant", "tool_calls": [CALL]},
+     {"role": "assistant", "tool_calls": [{**CALL, "function": {**CALL["function"], "arguments": "{}"}}]}),
+    ({"role": "tool", "tool_call_id": "c1", "content": "x"}, {"role": "tool", "tool_call_id": "c2", "content": "x"}),
+])
+def test_what_was_said_is_identity(a, b):
+    assert content_hash(a) != content_hash(b)
+
+
 def test_key_order_does_not_change_identity_but_is_kept():
     a = {"role": "tool", "content": "x", "tool_call_id": "c1"}
     b = {"tool_call_id": "c1", "role": "tool", "content": "x"}

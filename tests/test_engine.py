@@ -101,6 +101,33 @@ def test_api_content_stamped_later_is_the_same_message(make_engine):
     assert [m["content"] for m in stored(engine)] == ["hello", "hi"]
 
 
+def _as_hermes_reloads(message: dict) -> dict:
+    """A message as Hermes 0.19 reads it back from its session database on --resume."""
+    out = {k: v for k, v in message.items() if k not in ("reasoning", "finish_reason")}
+    out["timestamp"] = 1_795_000_000.0
+    if out.get("role") == "tool":
+        out["tool_name"] = "shell"
+    return out
+
+
+def test_a_session_hermes_reloads_in_a_new_process_is_not_stored_twice(make_engine):
+    """Every `hermes chat --resume` is a new process holding the reloaded transcript."""
+    first = make_engine(context_length=100_000)
+    first.on_session_start("s")
+    live = [SYSTEM]
+    for i in range(3):
+        for m in turn(i):
+            live.append({**m, "reasoning": None, "finish_reason": "stop"} if m["role"] == "assistant" else m)
+    first.on_turn_complete(live)
+    stored_before = stored(first)
+    second = make_engine(context_length=100_000)
+    second.on_session_start("s")
+    resumed = [SYSTEM, *(_as_hermes_reloads(m) for m in live[1:]), *turn(3)]
+    second.compress(resumed, current_tokens=1_000)
+    second.on_turn_complete(resumed)
+    assert stored(second) == stored_before + turn(3)  # the first copies kept, the new turn added once
+
+
 def test_compaction_then_host_transcript_adds_only_new_messages(make_engine):
     engine = make_engine()
     engine.on_session_start("s")

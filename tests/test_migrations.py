@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -34,7 +35,17 @@ OLD_MESSAGES = [
     {"role": "tool", "tool_call_id": "t1", "content": "nul\x00 and \ud800 survive"},
     {"role": "assistant", "content": [{"type": "text", "text": "parts survive"}], "extra_key": [1, 2]},
     {"role": "tool", "tool_call_id": "t2", "content": "BIGPAYLOAD " + "x" * 70_000},
+    {"role": "assistant", "content": None, "finish_reason": "tool_calls", "tool_calls": [
+        {"id": "r1", "type": "function", "function": {"name": "lcm_grep", "arguments": "{\"query\": \"marmot\"}"}}]},
+    {"role": "tool", "tool_call_id": "r1", "content": "{\"results\": [\"marmot echo\"]}"},
 ]
+
+
+def v1_content_hash(message: dict) -> str:
+    """Identity v1 (revisions 0001-0003): every key but Hermes' two bookkeeping keys."""
+    body = {k: v for k, v in message.items() if k not in ("_db_persisted", "api_content")}
+    canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:32]
 
 
 def write_at_0001(conn) -> None:
@@ -48,7 +59,7 @@ def write_at_0001(conn) -> None:
     prev = ""
     for seq, msg in enumerate(OLD_MESSAGES, start=1):
         enc = encode_message(msg)
-        prev = chain_identity(prev, enc.content_hash)
+        prev = chain_identity(prev, v1_content_hash(msg))
         payload_id = None
         if enc.payload is not None:
             raw = enc.payload.encode("utf-8")
@@ -65,7 +76,7 @@ def write_at_0001(conn) -> None:
             "content_kind, content, tool_calls, tool_call_id, name, extra, key_order, payload_id, "
             "search_text, token_count, ts) VALUES (1, 1, :seq, :ident, :hash, :role, :kind, :content, :calls, "
             ":tcid, :name, :extra, :order, :pid, :st, 10, :ts)"),
-            {"seq": seq, "ident": prev, "hash": enc.content_hash, "role": enc.role,
+            {"seq": seq, "ident": prev, "hash": v1_content_hash(msg), "role": enc.role,
              "kind": enc.content_kind, "content": enc.content, "calls": enc.tool_calls,
              "tcid": enc.tool_call_id, "name": enc.name, "extra": enc.extra, "order": enc.key_order,
              "pid": payload_id, "st": None if same else body, "ts": enc.host_timestamp or now})
@@ -88,7 +99,14 @@ def write_at_0002(conn) -> None:
         PostgresBackend().rebuild_search_index(conn)
 
 
-WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002}
+def write_at_0003(conn) -> None:
+    """0003 adds engine state: lcm at 0003 keeps the session's summary counters itself."""
+    write_at_0002(conn)
+    conn.execute(text("UPDATE lcm_sessions SET summary_count = 1, summary_tokens = 5 WHERE id = 1"))
+
+
+WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
+           "0003_engine_state": write_at_0003}
 
 
 def verify_old_data(store: Store) -> None:
@@ -96,7 +114,10 @@ def verify_old_data(store: Store) -> None:
     assert session is not None and session.host_view_seq == 0
     assert [m.message for m in store.get_messages(session.id)] == OLD_MESSAGES
     hits = store.search_messages("marmot", agent="old-agent", session_pk=session.id).hits
-    assert [h.role for h in hits] == ["assistant", "user"]
+    assert [h.role for h in hits] == ["assistant", "user"]  # not lcm_grep's own call and result
+    # Identity v2: re-sending the history, annotated the way Hermes reloads it, adds nothing.
+    reloaded = [{**m, "timestamp": 1_700_000_000 + i} for i, m in enumerate(OLD_MESSAGES)]
+    assert store.append_messages(session.id, reloaded).inserted == 0
     assert store.search_messages("bigpayload", agent="old-agent").hits
     [summary] = store.search_summaries("wombat", agent="old-agent", session_pk=session.id).hits
     assert store.summary_source_ids(summary.id) == [1, 2]

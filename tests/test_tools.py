@@ -665,3 +665,22 @@ def test_any_field_of_a_message_pages_back_exactly(chat):
     assert all(p["field"] == "tool_calls" and p["item"]["content_format"] == "json" for p in pages)
     assert "has no field 'nope'" in call(engine, "lcm_expand", store_id=store_id, field="nope")["error"]
     assert "tool_calls" in call(engine, "lcm_expand", store_id=store_id, field="role")["error"]
+
+
+def test_lcm_own_calls_and_results_are_stored_but_not_searchable(chat):
+    """Else every lcm_grep finds the call that asked for it, and every result echoes old text."""
+    engine = chat.engine
+    ask = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "g1", "type": "function", "function": {"name": "lcm_grep", "arguments": '{"query": "quokka"}'}},
+        {"id": "s1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "locate quokka"}'}}]}
+    live = [*chat.transcript, {"role": "user", "content": "where is the quokka file?"}, ask]
+    first = call(engine, "lcm_grep", messages=live, query="quokka")
+    assert [(h["role"], "locate" in h["snippet"]) for h in message_hits(first)] == [
+        ("assistant", True), ("user", False)]  # the shell call is found by its command, lcm_grep's is not
+    live += [{"role": "tool", "tool_call_id": "g1", "content": json.dumps(first)},
+             {"role": "tool", "tool_call_id": "s1", "content": "/srv/quokka.txt"},
+             {"role": "assistant", "content": "It is /srv/quokka.txt."}]
+    again = call(engine, "lcm_grep", messages=live, query="quokka", limit=50)
+    assert [h["role"] for h in message_hits(again)] == ["assistant", "tool", "assistant", "user"]
+    stored_now = [r.message for r in chat.stored()]
+    assert ask in stored_now and live[-3] in stored_now  # stored verbatim all the same

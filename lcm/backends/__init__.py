@@ -147,6 +147,10 @@ class Backend(ABC):
     def rebuild_search_index(self, conn: Connection) -> dict[str, int]:
         """Rebuild the search index from the rows; returns rows indexed per table."""
 
+    def reindex_messages(self, conn: Connection, ids: Sequence[int]) -> None:  # noqa: B027 - optional
+        """Bring these messages' index entries up to date after their search text changed
+        (SQLite's triggers already did; PostgreSQL's vectors are written by lcm)."""
+
     def backup(self, engine: Engine, destination: str) -> str | None:
         """Copy the database while it is in use; None when this backend leaves that to the
         server's own tools (a PostgreSQL operator has pg_dump and PITR)."""

@@ -249,20 +249,16 @@ class PostgresBackend(Backend):
             else "search_vector columns present"))
         return out
 
+    @staticmethod
+    def _index_source(base: str) -> str:
+        role = "t.role" if base == "lcm_messages" else "NULL"
+        return (f"SELECT t.id, coalesce(t.search_text, t.content), t.session_id, t.agent_id, {role} "
+                f"FROM {base} t ")
+
     def _index_batches(self, conn: Connection, base: str, newest: int | None):
         """Batches of (id, expected tsvector literal), paged by id (bounded memory)."""
-        role = "t.role" if base == "lcm_messages" else "NULL"
-        sql = (f"SELECT t.id, coalesce(t.search_text, t.content), t.session_id, t.agent_id, {role} "
-               f"FROM {base} t ")
-
-        def expected(rows) -> list[tuple[int, str]]:
-            out = []
-            for row_id, body, session_pk, agent_pk, role_value in rows:
-                ix = IndexRow(body=body or "", session_pk=session_pk, agent_pk=agent_pk,
-                              role=role_value)
-                out.append((row_id, tsvector_literal(ix.body, scope_lexemes(ix))))
-            return out
-
+        sql = self._index_source(base)
+        expected = _expected_vectors
         if newest is not None:
             rows = conn.execute(text(sql + "ORDER BY t.id DESC LIMIT :n"), {"n": newest}).all()
             if rows:
@@ -302,6 +298,13 @@ class PostgresBackend(Backend):
             "WHERE t.search_vector IS DISTINCT FROM CAST(e.vec AS tsvector)"),
             {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]}).scalar_one()
 
+    def reindex_messages(self, conn, ids):
+        for i in range(0, len(ids), REBUILD_BATCH):
+            rows = conn.execute(text(self._index_source("lcm_messages") + "WHERE t.id = ANY(CAST(:ids AS bigint[]))"),
+                                {"ids": list(ids[i:i + REBUILD_BATCH])}).all()
+            if rows:
+                self._write_vectors(conn, "lcm_messages", _expected_vectors(rows))
+
     def rebuild_search_index(self, conn):
         counts = {}
         for base in SEARCHABLE:
@@ -328,6 +331,15 @@ class PostgresBackend(Backend):
             "WHERE c.relkind = 'r' AND c.relname LIKE 'lcm\\_%' "
             "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
         )).scalar_one())
+
+
+def _expected_vectors(rows: Sequence[Any]) -> list[tuple[int, str]]:
+    """(id, tsvector literal) for rows of (id, body, session id, agent id, role)."""
+    out = []
+    for row_id, body, session_pk, agent_pk, role_value in rows:
+        ix = IndexRow(body=body or "", session_pk=session_pk, agent_pk=agent_pk, role=role_value)
+        out.append((row_id, tsvector_literal(ix.body, scope_lexemes(ix))))
+    return out
 
 
 @contextmanager

@@ -1,0 +1,86 @@
+"""Data upgrades that Alembic revisions run through lcm's own code.
+
+A revision that changes what a stored value *means* (not just the DDL) recomputes it here, so
+the rules live in one place: the store computes new rows with the same functions. A later
+change to one of these rules needs a new revision that calls its own recomputation again.
+
+Only the columns that exist since revision 0001 are touched, through lightweight table
+definitions (not ``lcm.models``, which follows the newest schema).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from lcm.messages import chain_identity, content_hash, decode_message, message_uid, uid_identity
+from lcm.textindex import index_body
+from lcm.transcript import recall_call_ids, searchable_text
+
+PAGE = 1_000
+
+_messages = sa.table(
+    "lcm_messages", sa.column("id"), sa.column("session_id"), sa.column("seq"), sa.column("identity"),
+    sa.column("content_hash"), sa.column("role"), sa.column("content_kind"), sa.column("content"),
+    sa.column("tool_calls"), sa.column("tool_call_id"), sa.column("name"), sa.column("extra"),
+    sa.column("key_order"), sa.column("payload_id"), sa.column("search_text"))
+_payloads = sa.table("lcm_payloads", sa.column("id"), sa.column("data"))
+
+
+def _decode(conn: Connection, rows: list[Any]) -> list[dict[str, Any]]:
+    ids = sorted({r.payload_id for r in rows if r.payload_id is not None})
+    payloads = {}
+    for i in range(0, len(ids), 500):
+        for pk, data in conn.execute(sa.select(_payloads.c.id, _payloads.c.data).where(
+                _payloads.c.id.in_(ids[i:i + 500]))):
+            payloads[pk] = zlib.decompress(data).decode("utf-8")
+    return [decode_message(role=r.role, content_kind=r.content_kind, content=r.content,
+                           tool_calls=r.tool_calls, tool_call_id=r.tool_call_id, name=r.name,
+                           extra=r.extra, key_order=r.key_order,
+                           payload=payloads.get(r.payload_id) if r.payload_id is not None else None)
+            for r in rows]
+
+
+def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[str, int]:
+    """Recompute every message's substance hash and chained identity (session by session, in
+    seq order), and its search text where lcm's own recall traffic is now left out of the
+    index. ``reindex(conn, ids)`` refreshes index entries whose text changed (PostgreSQL).
+    Returns counts of what changed."""
+    changed_ids = 0
+    changed_text: list[int] = []
+    sessions = conn.execute(sa.select(_messages.c.session_id).distinct().order_by(_messages.c.session_id)).scalars().all()
+    for session_pk in sessions:
+        previous = ""
+        recall: frozenset[str] = frozenset()
+        after = 0
+        while True:
+            rows = conn.execute(sa.select(_messages).where(
+                _messages.c.session_id == session_pk, _messages.c.seq > after)
+                .order_by(_messages.c.seq).limit(PAGE)).all()
+            if not rows:
+                break
+            messages = _decode(conn, rows)
+            recall = recall | recall_call_ids(messages)
+            for row, message in zip(rows, messages, strict=True):
+                digest = content_hash(message)
+                uid = message_uid(message)
+                identity = uid_identity(uid) if uid else chain_identity(previous, digest)
+                previous = identity
+                values: dict[str, Any] = {}
+                if digest != row.content_hash or identity != row.identity:
+                    values.update(content_hash=digest, identity=identity)
+                    changed_ids += 1
+                body = index_body(searchable_text(message, recall))
+                current = row.search_text if row.search_text is not None else (row.content or "")
+                if body != current:
+                    values["search_text"] = body
+                    changed_text.append(row.id)
+                if values:
+                    conn.execute(sa.update(_messages).where(_messages.c.id == row.id).values(**values))
+            after = rows[-1].seq
+    if changed_text and reindex is not None:
+        reindex(conn, changed_text)
+    return {"identities": changed_ids, "search_texts": len(changed_text)}
