@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from lcm.assembly import Assembly, assemble, summary_message_cost
@@ -41,6 +42,7 @@ log = logging.getLogger("lcm")
 
 DEFAULT_SESSION_KEY = "default"
 NO_TARGET = float("inf")  # no window known: compact only when forced
+TAIL_SHARE_OF_TARGET = 0.5  # the fresh tail's share of the compaction target when no cap is set
 
 
 class LcmEngine(ContextEngineBase):
@@ -130,7 +132,19 @@ class LcmEngine(ContextEngineBase):
 
     @property
     def compactor(self) -> Compactor:
-        return Compactor(self.store, self.summarizer, self.config)
+        return Compactor(self.store, self.summarizer, self.planning_config())
+
+    def planning_config(self) -> LcmConfig:
+        """The settings compaction plans with. With no fixed fresh-tail cap
+        (``LCM_FRESH_TAIL_MAX_TOKENS=0``) the tail still yields to the window: it may take at most
+        half of the compaction target, or a count-based tail of huge turns would protect the
+        whole window and no compaction could ever make room (the newest user turn always stays)."""
+        if self.config.fresh_tail_max_tokens or not self.context_length:
+            return self.config
+        target = self._target()
+        if target == NO_TARGET:
+            return self.config
+        return replace(self.config, fresh_tail_max_tokens=max(1, int(target * TAIL_SHARE_OF_TARGET)))
 
     @property
     def session(self) -> SessionRecord:
@@ -282,7 +296,7 @@ class LcmEngine(ContextEngineBase):
             users = [i for i, m in enumerate(conversation) if is_real_user(m)]
             start = tail_start_index(roles, sizes, newest_user=users[-1] if users else None,
                                      count=self.config.fresh_tail_count,
-                                     max_tokens=self.config.fresh_tail_max_tokens)
+                                     max_tokens=self.planning_config().fresh_tail_max_tokens)
             if start > 0:
                 return True
             with self._lock:

@@ -37,6 +37,30 @@ def completion(text: str | None, *, tool_calls: list[dict] | None = None, model:
     })
 
 
+def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A chat completion split into ``chat.completion.chunk`` events: role, content, each tool
+    call (name and arguments), the finish reason, and the usage when asked for."""
+    base = {"id": body.get("id", "chatcmpl-scripted"), "object": "chat.completion.chunk",
+            "created": body.get("created", int(time.time())), "model": body.get("model", "scripted")}
+    choice = body["choices"][0]
+    message = choice["message"]
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]}]
+    text = message.get("content") or ""
+    for start in range(0, len(text), 200):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": text[start:start + 200]},
+                                            "finish_reason": None}]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": i, "id": call["id"], "type": "function",
+             "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]},
+            "finish_reason": None}]})
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason", "stop")}]})
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": body.get("usage")})
+    return chunks
+
+
 def tool_call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments)}}
@@ -80,7 +104,24 @@ class ScriptedLLM:
                     reply = error(500, f"handler raised {type(exc).__name__}: {exc}")
                 if reply.delay:
                     time.sleep(reply.delay)
-                self._send(reply)
+                if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
+                    self._stream(reply.body, include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
+                else:
+                    self._send(reply)
+
+            def _stream(self, completion_body: dict[str, Any], include_usage: bool) -> None:
+                """The same completion as server-sent events, the way OpenAI streams it."""
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.end_headers()
+                    for chunk in stream_chunks(completion_body, include_usage):
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode("utf-8"))
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def _send(self, reply: Reply) -> None:
                 payload = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})

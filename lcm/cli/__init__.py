@@ -15,6 +15,7 @@ import click
 from lcm.cli.common import run_guarded
 from lcm.cli.db import db_group
 from lcm.cli.demo import demo_command
+from lcm.cli.hermes import hermes_group
 from lcm.cli.inspect import backup_command, doctor_command, status_command
 from lcm.cli.recall import describe_command, expand_command, grep_command, load_command, sessions_command
 from lcm.cli.transfer import export_command, ingest_command
@@ -28,7 +29,7 @@ def cli() -> None:
 
 for command in (demo_command, ingest_command, export_command, sessions_command, status_command,
                 grep_command, describe_command, expand_command, load_command, doctor_command,
-                backup_command, db_group):
+                backup_command, db_group, hermes_group):
     cli.add_command(command)
 
 

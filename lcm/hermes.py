@@ -1,0 +1,315 @@
+"""lcm inside Hermes: the engine the plugin registers, and ``lcm hermes install / uninstall``.
+
+Install puts the plugin (``hermes_plugin/`` of this package) into ``<home>/plugins/lcm/``, adds
+``lcm`` to ``plugins.enabled`` and sets ``context.engine: lcm`` in ``<home>/config.yaml``. It
+backs the file up before changing it, changes nothing when everything is already in place
+(idempotent), and records what it replaced (the previous engine, other context-engine plugins
+it had to disable — hermes-lcm's engine is also named ``lcm`` and would win the registration
+race) in ``<home>/plugins/lcm/install-state.json``, so ``uninstall`` restores exactly that.
+The YAML is edited round-trip (comments and key order kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lcm.errors import ConfigError
+
+log = logging.getLogger("lcm")
+
+PLUGIN_NAME = "lcm"
+STATE_FILE = "install-state.json"
+PLUGIN_FILES = ("plugin.yaml", "__init__.py")
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+def hermes_home() -> Path | None:
+    """The running Hermes' home (its own resolver when importable), else $HERMES_HOME."""
+    try:
+        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
+
+        return Path(get_hermes_home())
+    except Exception:  # noqa: BLE001 - not inside Hermes
+        env = os.environ.get("HERMES_HOME")
+        return Path(env).expanduser() if env else None
+
+
+def build_engine(ctx: Any = None) -> Any:
+    """The engine the plugin registers: settings from the environment (Hermes has loaded its
+    ``.env`` by then), the database in the Hermes home unless ``LCM_DATABASE_URL`` says
+    otherwise, the agent scope from the profile. No I/O here."""
+    from lcm.engine import LcmEngine
+
+    home = hermes_home()
+    kwargs: dict[str, Any] = {"inside_hermes": True}
+    if home is not None:
+        kwargs["hermes_home"] = str(home)
+    return LcmEngine(**kwargs)
+
+
+# --------------------------------------------------------------------------- install
+
+
+def default_home(profile: str | None = None) -> Path:
+    base = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes").expanduser()
+    if profile:
+        root = base.parent.parent if base.parent.name == "profiles" else base
+        return root / "profiles" / profile
+    return base
+
+
+def plugin_source() -> Path:
+    """The plugin files: shipped inside the wheel, or ``hermes_plugin/`` of a checkout."""
+    packaged = Path(__file__).resolve().parent / "_hermes_plugin"
+    if (packaged / "__init__.py").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "hermes_plugin"
+    if (checkout / "__init__.py").is_file():
+        return checkout
+    raise ConfigError("lcm's Hermes plugin files are missing from this installation; reinstall lossless-context")
+
+
+@dataclass
+class SetupReport:
+    home: Path
+    plugin_dir: Path
+    config: Path
+    changes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    backups: list[str] = field(default_factory=list)
+    database: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hermes_home": str(self.home), "plugin_dir": str(self.plugin_dir), "config": str(self.config),
+                "changed": bool(self.changes), "changes": self.changes, "warnings": self.warnings,
+                "backups": self.backups, "database": self.database}
+
+
+def _yaml():
+    try:
+        from ruamel.yaml import YAML
+    except ImportError as exc:  # pragma: no cover - ruamel.yaml is a dependency
+        raise ConfigError("ruamel.yaml is needed to edit Hermes' config.yaml: pip install ruamel.yaml") from exc
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _load_config(path: Path) -> Any:
+    from ruamel.yaml.comments import CommentedMap
+
+    if not path.exists():
+        return CommentedMap()
+    try:
+        data = _yaml().load(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # noqa: BLE001 - ruamel raises many kinds
+        raise ConfigError(f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix it first, lcm did not change it") from exc
+    if data is None:
+        return CommentedMap()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} does not hold a mapping at the top; lcm did not change it")
+    return data
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.lcm-tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _dump(data: Any) -> str:
+    import io
+
+    out = io.StringIO()
+    _yaml().dump(data, out)
+    return out.getvalue()
+
+
+def _backup(path: Path, report: SetupReport) -> None:
+    if path.exists():
+        target = path.with_name(f"{path.name}.bak-lcm-{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f"{path.name}.bak-lcm-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        shutil.copy2(path, target)
+        report.backups.append(str(target))
+
+
+def _section(data: Any, key: str) -> Any:
+    from ruamel.yaml.comments import CommentedMap
+
+    value = data.get(key)
+    if not isinstance(value, dict):
+        value = CommentedMap()
+        data[key] = value
+    return value
+
+
+def _rival_engine_plugins(home: Path) -> set[str]:
+    """Other user plugins that register a context engine (hermes-lcm's is also named lcm)."""
+    rivals = set()
+    plugins = home / "plugins"
+    if plugins.is_dir():
+        for child in plugins.iterdir():
+            init = child / "__init__.py"
+            if child.name != PLUGIN_NAME and init.is_file():
+                try:
+                    if "register_context_engine" in init.read_text(encoding="utf-8", errors="replace"):
+                        rivals.add(child.name)
+                except OSError:
+                    continue
+    return rivals
+
+
+def _database_for(home: Path) -> str:
+    env_file = home / ".env"
+    if env_file.is_file():
+        for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.strip().startswith("LCM_DATABASE_URL="):
+                from lcm.db import display_url, resolve_url
+
+                return display_url(resolve_url(line.split("=", 1)[1].strip().strip("'\"")))
+    if os.environ.get("LCM_DATABASE_URL"):
+        from lcm.db import display_url, resolve_url
+
+        return display_url(resolve_url(None)) + " (from LCM_DATABASE_URL in this shell: set it for Hermes too)"
+    return str(home / "lcm.db")
+
+
+def _set_env_line(home: Path, key: str, value: str, report: SetupReport) -> None:
+    path = home / ".env"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    new = f"{key}={value}"
+    kept = [line for line in lines if not line.strip().startswith(f"{key}=")]
+    if new in lines and len(kept) == len(lines) - 1:
+        return
+    _backup(path, report)
+    _write_atomic(path, "\n".join([*kept, new]) + "\n")
+    report.changes.append(f"set {key} in {path}")
+
+
+def _hermes_importable() -> bool:
+    try:
+        import agent.context_engine  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def install(home: Path, *, database_url: str | None = None) -> SetupReport:
+    home = home.expanduser()
+    if not home.is_dir():
+        raise ConfigError(f"no Hermes home at {home} (run hermes once to create it, or pass --hermes-home)")
+    plugin_dir = home / "plugins" / PLUGIN_NAME
+    report = SetupReport(home, plugin_dir, home / "config.yaml")
+    manifest = plugin_dir / "plugin.yaml"
+    if plugin_dir.exists() and manifest.is_file() and "name: lcm" not in manifest.read_text(encoding="utf-8"):
+        raise ConfigError(f"{plugin_dir} holds another plugin; move it away first")
+    state_path = plugin_dir / STATE_FILE
+    state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
+
+    # 1. the plugin files
+    source = plugin_source()
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    for name in PLUGIN_FILES:
+        src, dst = source / name, plugin_dir / name
+        if not dst.is_file() or dst.read_bytes() != src.read_bytes():
+            shutil.copyfile(src, dst)
+            report.changes.append(f"wrote {dst}")
+
+    # 2. config.yaml: enable the plugin, select the engine, disable rival engine plugins
+    config = _load_config(report.config)
+    before = _dump(config)
+    plugins = _section(config, "plugins")
+    enabled = plugins.get("enabled")
+    if not isinstance(enabled, list):
+        from ruamel.yaml.comments import CommentedSeq
+
+        enabled = CommentedSeq()
+        plugins["enabled"] = enabled
+    rivals = sorted(r for r in _rival_engine_plugins(home) if r in enabled)
+    for rival in rivals:
+        enabled.remove(rival)
+        report.changes.append(f"disabled plugin {rival!r} (it also registers a context engine; "
+                              "lcm hermes uninstall re-enables it)")
+    if PLUGIN_NAME not in enabled:
+        enabled.append(PLUGIN_NAME)
+        report.changes.append("added lcm to plugins.enabled")
+    context = _section(config, "context")
+    previous = context.get("engine")
+    if previous != PLUGIN_NAME:
+        context["engine"] = PLUGIN_NAME
+        report.changes.append(f"set context.engine: lcm (was {previous or 'compressor (default)'})")
+        state.setdefault("previous_engine", previous)
+    state["disabled_plugins"] = sorted(set(state.get("disabled_plugins", [])) | set(rivals))
+    if _dump(config) != before:
+        _backup(report.config, report)
+        _write_atomic(report.config, _dump(config))
+    state_path.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+
+    # 3. the database
+    if database_url:
+        from lcm.db import display_url, resolve_url
+        from lcm.store import Store
+
+        Store.open(database_url, upgrade=True)  # create or upgrade it now: an operator's step
+        _set_env_line(home, "LCM_DATABASE_URL", database_url, report)
+        report.database = display_url(resolve_url(database_url))
+    else:
+        report.database = _database_for(home)
+    if not _hermes_importable():
+        report.warnings.append(
+            f"Hermes is not importable from this Python ({sys.executable}): lcm must be installed "
+            "into the environment that runs hermes, or the plugin cannot load "
+            "(<hermes python> -m pip install lossless-context, then run lcm hermes install from there)")
+    return report
+
+
+def uninstall(home: Path) -> SetupReport:
+    home = home.expanduser()
+    plugin_dir = home / "plugins" / PLUGIN_NAME
+    report = SetupReport(home, plugin_dir, home / "config.yaml")
+    state_path = plugin_dir / STATE_FILE
+    state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
+    if report.config.exists():
+        config = _load_config(report.config)
+        before = _dump(config)
+        plugins = config.get("plugins")
+        enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
+        if isinstance(enabled, list):
+            if PLUGIN_NAME in enabled:
+                enabled.remove(PLUGIN_NAME)
+                report.changes.append("removed lcm from plugins.enabled")
+            for rival in state.get("disabled_plugins", []):
+                if rival not in enabled and (home / "plugins" / rival).is_dir():
+                    enabled.append(rival)
+                    report.changes.append(f"re-enabled plugin {rival!r}")
+        context = config.get("context")
+        if isinstance(context, dict) and context.get("engine") == PLUGIN_NAME:
+            previous = state.get("previous_engine")
+            if previous:
+                context["engine"] = previous
+                report.changes.append(f"restored context.engine: {previous}")
+            else:
+                del context["engine"]
+                report.changes.append("removed context.engine (Hermes' built-in compressor again)")
+        if _dump(config) != before:
+            _backup(report.config, report)
+            _write_atomic(report.config, _dump(config))
+    if plugin_dir.exists():
+        shutil.rmtree(plugin_dir)
+        report.changes.append(f"removed {plugin_dir}")
+    report.database = _database_for(home)
+    return report

@@ -1,0 +1,232 @@
+"""lcm inside the real host: hermes-agent 0.19.0 from PyPI, configured by ``lcm hermes install``,
+talking to a scripted model on 127.0.0.1, one ``hermes chat -q ... --resume`` process per turn.
+
+Proves, on SQLite (the database in the Hermes home) and on PostgreSQL (``--database-url``): the
+lcm engine is the one in use (Hermes deep-copies plugin engines; a copy that fails silently
+falls back to the built-in compressor), its tools reach the model, requests stay within the
+window while the conversation grows far past it, a fact from the first turn comes back through
+``lcm_grep`` + paged ``lcm_expand`` byte-exactly, every message is stored exactly once across
+all those processes, and Hermes' own sanitizers find nothing to repair in ``compress()`` output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lcm.store import Store
+from lcm.transcript import SUMMARY_MARKER
+
+from tests.conversation import sequence_problems
+from tests.hermes_host import CONTEXT_LENGTH, HermesHome, ensure_venv
+from tests.hermes_model import HermesModel, prompt_tokens
+
+pytestmark = pytest.mark.slow
+
+TURNS = 10
+FACT = "Remember for later: the deploy fingerprint is FP-7Q2K-ALBATROSS, ticket OPS-4471."
+LCM_TOOLS = {"lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query", "lcm_load_session",
+             "lcm_status", "lcm_doctor"}
+
+
+@pytest.fixture(scope="session")
+def hermes_venv() -> Path:
+    venv, why = ensure_venv()
+    if venv is None:
+        if os.environ.get("LCM_REQUIRE_HERMES"):
+            pytest.fail(why)
+        pytest.skip(f"Hermes end-to-end tests skipped: {why}")
+    return venv
+
+
+@pytest.fixture
+def model():
+    server = HermesModel()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database(request) -> str | None:
+    """None: lcm's default, ``lcm.db`` in the Hermes home; else a PostgreSQL schema URL."""
+    return None if request.param == "sqlite" else request.getfixturevalue("pg_url")
+
+
+def build_log(i: int) -> str:
+    """A pasted build log of ~9,000 tokens: four of them fill the 64k window's threshold."""
+    rng = random.Random(i)
+    return "\n".join(f"build {i} step {k}: compiled module m{rng.randint(1, 999)} in {rng.randint(1, 999)}ms "
+                     f"hash {rng.getrandbits(48):012x}" for k in range(520))
+
+
+def key(message: dict[str, Any]) -> tuple:
+    calls = tuple(c["id"] for c in message.get("tool_calls") or [])
+    content = message.get("content") or None
+    return message.get("role"), content if isinstance(content, str) else json.dumps(content), calls, \
+        message.get("tool_call_id")
+
+
+def conversation_seen_by_model(model: HermesModel) -> list[dict[str, Any]]:
+    """Every conversation message, in order: the union of what the turn requests carried (each
+    new message appears first in the request after it was said), plus the model's last reply."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for body in model.turn_requests():
+        for m in body["messages"]:
+            if m.get("role") == "system" or SUMMARY_MARKER in str(m.get("content")):
+                continue
+            seen.setdefault(key(m), m)
+    last = model.replies[-1]
+    seen.setdefault(key(last), last)
+    return list(seen.values())
+
+
+def stored(home: HermesHome, database: str | None) -> tuple[Store, list[Any]]:
+    store = Store.open(database or f"sqlite:///{home.home / 'lcm.db'}")
+    [session] = store.list_sessions("default")  # the profile name is the agent scope
+    return store, store.get_messages(session.id)
+
+
+def sanitizer_check(home: HermesHome, session_id: str) -> dict[str, Any]:
+    """Inside Hermes' Python: its plugin loader, a deep copy, the persisted session, one more big
+    turn through compress(), and Hermes' own repair/sanitize passes over the result."""
+    code = textwrap.dedent(f"""
+        import copy, json
+        from hermes_cli.plugins import get_plugin_context_engine
+        from agent.context_engine import ContextEngine
+        from agent.agent_runtime_helpers import repair_message_sequence, sanitize_api_messages
+        from hermes_constants import get_hermes_home
+        from hermes_state import SessionDB
+        registered = get_plugin_context_engine()
+        engine = copy.deepcopy(registered)
+        engine.update_model("scripted-model", {CONTEXT_LENGTH})
+        engine.on_session_start({session_id!r}, hermes_home=str(get_hermes_home()), platform="cli")
+        clone, copied = engine.clone_for_agent(), copy.deepcopy(engine)  # with the database open
+        history = SessionDB().get_messages_as_conversation({session_id!r})
+        msgs = [{{"role": "system", "content": "You are Hermes Agent."}}, *history,
+                {{"role": "user", "content": "one more log " + "x y z " * 9000}}]
+        out = engine.compress(msgs, current_tokens=60000)
+        snapshot = json.dumps(out, sort_keys=True)
+        repairs = repair_message_sequence(None, out)
+        sanitized = sanitize_api_messages(out)
+        print(json.dumps({{
+            "is_context_engine": isinstance(engine, ContextEngine), "name": engine.name,
+            "copies_independent": clone._session is None and copied._session is None and clone.store is engine.store,
+            "compacted": len(out) < len(msgs), "repairs": repairs,
+            "unchanged_by_repair": json.dumps(out, sort_keys=True) == snapshot,
+            "unchanged_by_sanitize": json.dumps(sanitized, sort_keys=True) == snapshot}}))
+    """)
+    done = home.python(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_constructing_and_copying_the_plugin_engine_does_no_io(hermes_venv, tmp_path, model):
+    home = HermesHome(hermes_venv, tmp_path / "hermes", model.url)
+    home.configure()
+    home.install_lcm()
+    listed = home.run("hermes", "plugins", "list", "--plain")
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"^enabled\s+user\s+\S+\s+lcm$", listed.stdout, re.M), listed.stdout
+    done = home.python(textwrap.dedent("""
+        import copy, json, os
+        from hermes_cli.plugins import get_plugin_context_engine
+        from agent.context_engine import ContextEngine
+        engine = get_plugin_context_engine()
+        copies = [copy.deepcopy(engine), engine.clone_for_agent()]
+        db = os.path.join(os.environ["HERMES_HOME"], "lcm.db")
+        before = os.path.exists(db)
+        copies[0].on_session_start("s1", hermes_home=os.environ["HERMES_HOME"], platform="cli")
+        again = copy.deepcopy(copies[0])
+        print(json.dumps({"name": engine.name, "abc": isinstance(engine, ContextEngine),
+                          "db_before": before, "db_after": os.path.exists(db),
+                          "copy_has_no_session": again._session is None,
+                          "tools": sorted(t["name"] for t in again.get_tool_schemas())}))
+    """))
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts == {"name": "lcm", "abc": True, "db_before": False, "db_after": True,
+                     "copy_has_no_session": True, "tools": sorted(LCM_TOOLS)}
+
+
+def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path, model):
+    home = HermesHome(hermes_venv, tmp_path / "hermes", model.url)
+    home.configure()
+    report = home.install_lcm(*(["--database-url", database] if database else []))
+    assert report["changed"] and report["warnings"] == []
+    assert "postgresql" in report["database"] if database else report["database"] == str(home.home / "lcm.db")
+
+    session_id = None
+    prompts: list[str] = []
+    series: list[dict[str, Any]] = []
+    for i in range(TURNS):
+        prompt = (FACT + "\n" if i == 0 else "") + f"Build log {i}:\n" + build_log(i)
+        prompts.append(prompt)
+        summaries_before = sum(1 for b in model.requests if model.kind(b) == "summary")
+        turn = home.chat(prompt, resume=session_id)
+        assert turn.returncode == 0, turn.stderr[-3000:]
+        session_id = turn.session_id or session_id
+        request = model.turn_requests()[-1]
+        conversation = [m for m in conversation_seen_by_model(model)]
+        raw = prompt_tokens({"messages": [request["messages"][0], *conversation[:-1]], "tools": request["tools"]})
+        series.append({"turn": i, "raw_tokens": raw, "request_tokens": prompt_tokens(request),
+                       "compacted_before": sum(1 for b in model.requests if model.kind(b) == "summary") > summaries_before,
+                       "messages_sent": len(request["messages"])})
+    recall = home.chat("RECALL deploy fingerprint", resume=session_id)
+    assert recall.returncode == 0, recall.stderr[-3000:]
+    print("\nrequest size per turn (tokens ~ chars/4):\n" + "\n".join(json.dumps(s) for s in series))
+    (tmp_path / "series.json").write_text(json.dumps(series, indent=1))
+
+    # The lcm engine is in use (not Hermes' fallback compressor), with its tools offered.
+    for body in model.turn_requests():
+        assert LCM_TOOLS <= {t["function"]["name"] for t in body["tools"]}
+    log = (home.home / "logs" / "agent.log").read_text(encoding="utf-8", errors="replace")
+    assert "registered context engine: lcm" in log
+    assert "falling back to built-in compressor" not in log and "could not be safely copied" not in log
+
+    # Requests stay in the window while the conversation grows far past it; each compaction
+    # (lcm summaries requested through Hermes' auxiliary client) made the next request smaller
+    # than the transcript it replaced.
+    assert series[-1]["raw_tokens"] > 1.5 * CONTEXT_LENGTH
+    assert all(s["request_tokens"] < CONTEXT_LENGTH for s in series)
+    compactions = [s for s in series if s["compacted_before"]]
+    assert len(compactions) >= 3
+    assert all(s["request_tokens"] < s["raw_tokens"] for s in compactions)
+    after_first = [b for b in model.turn_requests()[series.index(compactions[0]):]]
+    assert all(SUMMARY_MARKER in json.dumps(b["messages"], ensure_ascii=False) for b in after_first)
+    assert all(not sequence_problems(b["messages"], b["messages"][0]) for b in model.turn_requests())
+
+    # The first turn's fact, long compacted away, came back through lcm_grep and paged lcm_expand.
+    final = model.turn_requests()[-1]["messages"]
+    calls = [c["function"]["name"] for m in final if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    assert calls[0] == "lcm_grep" and set(calls[1:]) == {"lcm_expand"} and len(calls) >= 3  # paged
+    answer = model.replies[-1]["content"]
+    assert answer.startswith("RECALLED store_id=") and answer.split(": ", 1)[1] == prompts[0]  # byte-exact
+    assert FACT in recall.stdout
+
+    # Every message of the conversation is stored exactly once, across all those processes.
+    store, messages = stored(home, database)
+    expected = conversation_seen_by_model(model)
+    assert [key(r.message) for r in messages] == [key(m) for m in expected]
+    assert [r.message["content"] for r in messages if r.role == "user"] == [*prompts, "RECALL deploy fingerprint"]
+    summaries = store.summaries(messages[0].session_pk, depth=0, limit=100)
+    assert summaries and all(s.kind.startswith("llm") for s in summaries)  # via Hermes' aux client
+
+    # One more process resumes the session and adds exactly its own turn.
+    more = home.chat("short follow-up: thanks", resume=session_id)
+    assert more.returncode == 0, more.stderr[-3000:]
+    _, after = stored(home, database)
+    assert len(after) == len(messages) + 2 and after[-2].message["content"] == "short follow-up: thanks"
+
+    # Hermes' own sanitizers find nothing to repair in what compress() returns.
+    check = sanitizer_check(home, more.session_id or session_id)
+    assert check == {"is_context_engine": True, "name": "lcm", "copies_independent": True, "compacted": True,
+                     "repairs": 0, "unchanged_by_repair": True, "unchanged_by_sanitize": True}
