@@ -1,7 +1,4 @@
-"""What lcm costs the host per turn, as history grows (SQLite and PostgreSQL).
-
-    python -m benchmarks.turn_overhead                      # 1k and 10k stored messages
-    python -m benchmarks.turn_overhead --sizes 1000 10000 100000
+"""Per-turn overhead: what lcm costs the host per turn, as history grows.
 
 Each size builds a session with that many stored messages, summarized the way a long-running
 session is (leaves of ~40 messages condensed 4:1 up to depth 3, the newest 200 raw), hands the
@@ -12,24 +9,16 @@ per operation, p50/p95 in milliseconds; the goal is flat in history size (≤ 5 
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import tempfile
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from benchmarks.common import summary_ms
 from benchmarks.corpus import Corpus
-from benchmarks.search import DEFAULT_PG, pg_schema_url
-from lcm import db
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.records import NewSummary
 from lcm.store import Store
 
-console = Console()
 LEAF_MESSAGES = 40
 FANIN = 4
 RAW_TAIL = 200
@@ -95,47 +84,10 @@ def measure(url: str, store: Store, key: str, corpus: Corpus, size: int) -> dict
     return times
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000])
-    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
-    parser.add_argument("--pg-url", default=DEFAULT_PG)
-    args = parser.parse_args()
+def run(backend: str, url: str, *, size: int) -> dict[str, Any]:
     corpus = Corpus()
-    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    table = Table(title="per-turn overhead (ms): p50 / p95")
-    table.add_column("backend")
-    table.add_column("stored")
-    ops = ["ingest one turn", "should_compress", "compress (nothing to do)", "whole turn"]
-    for op in ops:
-        table.add_column(op, justify="right")
-    for backend in backends:
-        for size in args.sizes:
-            cleanup = None
-            if backend == "sqlite":
-                url = f"sqlite:///{tempfile.mkdtemp(prefix='lcm-turns-')}/bench.db"
-            else:
-                url, cleanup = pg_schema_url(db.resolve_url(args.pg_url).render_as_string(hide_password=False))
-            try:
-                started = time.perf_counter()
-                store, key = build(url, corpus, size)
-                console.print(f"{backend}: {size:,} messages stored and summarized in "
-                              f"{time.perf_counter() - started:.1f} s")
-                times = measure(url, store, key, corpus, size)
-                table.add_row(backend, f"{size:,}", *(
-                    f"{statistics.median(times[op]):.2f} / {pct(times[op], 0.95):.2f}" for op in ops))
-            finally:
-                if cleanup:
-                    cleanup()
-                else:
-                    db.dispose(db.resolve_url(url))
-    console.print(table)
-
-
-if __name__ == "__main__":
-    main()
+    started = time.perf_counter()
+    store, key = build(url, corpus, size)
+    built = time.perf_counter() - started
+    times = measure(url, store, key, corpus, size)
+    return {"stored": size, "build_seconds": built, "ops": {op: summary_ms(v) for op, v in times.items()}}

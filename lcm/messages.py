@@ -20,7 +20,8 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from lcm import codec
 from lcm.errors import InvalidMessageError

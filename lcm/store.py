@@ -22,9 +22,10 @@ import time
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, case, func, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, case, func, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -104,6 +105,28 @@ def _storable_id(value: Any) -> bool:
     """Whether ``value`` could be a row id at all; anything else is simply not found (a caller's
     2**70 must not reach a driver that raises on integer overflow)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+#: Claim the next seq numbers of a session whose last seq is as expected, and add the counts;
+#: the row comes back (and stays locked until commit), or nothing when the session moved on.
+_BUMP_SESSION = (
+    update(sessions_t)
+    .where(sessions_t.c.id == bindparam("sid"), sessions_t.c.last_seq == bindparam("expected"))
+    .values(last_seq=bindparam("new_last"), message_count=sessions_t.c.message_count + bindparam("n"),
+            token_count=sessions_t.c.token_count + bindparam("tok"), updated_at=bindparam("now"))
+    .returning(*sessions_t.c)
+)
+
+
+def _first_of_each(identities: Sequence[str]) -> list[int]:
+    """Indexes of the first occurrence of each identity (a uid repeated in one call is one row)."""
+    seen: set[str] = set()
+    out = []
+    for i, ident in enumerate(identities):
+        if ident not in seen:
+            seen.add(ident)
+            out.append(i)
+    return out
 
 
 def _row_time(given: float | None, host: float | None, now: float) -> float:
@@ -455,28 +478,34 @@ class Store:
                            p.encoded.host_timestamp, ts_now) for i, p in enumerate(prepared)]
 
         with self._write() as conn:
-            session = self._lock_session(conn, session_pk)
-            if expect_last_seq is not None and session["last_seq"] != expect_last_seq:
-                raise StaleViewError(f"session {session_pk} moved on to seq {session['last_seq']}")
-            known: dict[str, int] = {} if expect_last_seq is not None else dict(_fetch_in(
-                conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
-                    messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
+            if expect_last_seq is not None:
+                # The caller's view is current: nothing of this can be stored yet. Claim the seq
+                # numbers first (one UPDATE that also locks the row), then insert.
+                fresh = _first_of_each(identities)
+                tokens = sum(prepared[i].token_count for i in fresh)
+                session = conn.execute(_BUMP_SESSION, {
+                    "sid": session_pk, "expected": expect_last_seq, "new_last": expect_last_seq + len(fresh),
+                    "n": len(fresh), "tok": tokens, "now": ts_now}).first()
+                if session is None:
+                    raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expect_last_seq}")
+                session = session._mapping
+                known: dict[str, int] = {}
+                first_seq = expect_last_seq
+            else:
+                session = self._lock_session(conn, session_pk)
+                known = dict(_fetch_in(
+                    conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
+                        messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
+                fresh = [i for i in _first_of_each(identities) if identities[i] not in known]
+                first_seq = session["last_seq"]
+            payload_ids = self._store_payloads(conn, [prepared[i].payload for i in fresh if prepared[i].payload])
             rows: list[dict[str, Any]] = []
             index: list[IndexRow] = []
-            new_flags: list[bool] = []
-            batch: set[str] = set()
-            seq = session["last_seq"]
-            payload_ids = self._store_payloads(conn, [p.payload for p in prepared if p.payload])
-            for i, (p, ident) in enumerate(zip(prepared, identities, strict=True)):
-                if ident in known or ident in batch:  # stored before, or repeated uid in this call
-                    new_flags.append(False)
-                    continue
-                batch.add(ident)
-                seq += 1
-                e = p.encoded
+            for seq, i in enumerate(fresh, start=first_seq + 1):
+                p, e = prepared[i], prepared[i].encoded
                 rows.append({
                     "session_id": session_pk, "agent_id": session["agent_id"], "seq": seq,
-                    "identity": ident,
+                    "identity": identities[i],
                     "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
                     "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
                     "name": e.name, "extra": e.extra, "key_order": e.key_order,
@@ -486,20 +515,18 @@ class Store:
                 })
                 index.append(IndexRow(body=p.body, session_pk=session_pk,
                                       agent_pk=session["agent_id"], role=e.role))
-                new_flags.append(True)
             inserted = self.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
             if len(inserted) != len(rows):
                 raise ConcurrentUpdateError(
                     "another writer stored some of these messages concurrently; nothing was written")
             known.update({ident: row_id for row_id, ident in inserted})
-            if rows:
-                session = conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
-                    last_seq=seq,
-                    message_count=sessions_t.c.message_count + len(rows),
-                    token_count=sessions_t.c.token_count + sum(r["token_count"] for r in rows),
-                    updated_at=ts_now,
-                ).returning(*sessions_t.c)).one()._mapping
+            if rows and expect_last_seq is None:
+                session = conn.execute(_BUMP_SESSION, {
+                    "sid": session_pk, "expected": first_seq, "new_last": first_seq + len(rows),
+                    "n": len(rows), "tok": sum(r["token_count"] for r in rows), "now": ts_now}).one()._mapping
             record = self._session_record({**session, "agent_name": self._agent_name(conn, session["agent_id"])})
+        fresh_set = set(fresh)
+        new_flags = [i in fresh_set for i in range(len(identities))]
         return AppendResult(
             session=record,
             store_ids=tuple(known[i] for i in identities),

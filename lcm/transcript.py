@@ -11,7 +11,8 @@ precede the next assistant message). No verbatim message is ever edited to make 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lcm.messages import content_text, message_text, tool_calls_text
 

@@ -134,3 +134,24 @@ def make_engine(db_url: str):
         return engine
 
     return factory
+
+
+@pytest.fixture
+def lcm(capsys, monkeypatch):
+    """Run ``lcm ARGS`` in-process through its entry point: (exit code, stdout, stderr)."""
+    from lcm.cli import main
+
+    monkeypatch.delenv("LCM_DATABASE_URL", raising=False)
+    monkeypatch.delenv("LCM_AGENT_ID", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from lcm.cli import main
 from lcm.demo import generate
 from lcm.store import Store
 
@@ -22,25 +21,6 @@ from tests.faults import drop_from_index
 
 SECRET = "The vault lease id is VL-5501-ZETA; rotate it on Fridays."
 BIG = {"patch": "z" * 12_000}
-
-
-@pytest.fixture
-def lcm(capsys, monkeypatch):
-    """Run ``lcm ARGS`` in-process: (exit code, stdout, stderr)."""
-    monkeypatch.delenv("LCM_DATABASE_URL", raising=False)
-    monkeypatch.delenv("LCM_AGENT_ID", raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def run_json(lcm, *args: str) -> Any:

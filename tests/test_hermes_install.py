@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from lcm.cli import main
 from lcm.hermes import plugin_source
 
 CONFIG = """\
@@ -22,23 +21,6 @@ plugins:
 context:
   engine: compressor
 """
-
-
-@pytest.fixture
-def lcm(capsys, monkeypatch):
-    monkeypatch.delenv("LCM_DATABASE_URL", raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 @pytest.fixture

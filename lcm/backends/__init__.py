@@ -97,6 +97,10 @@ class Backend(ABC):
     #: read nothing but two more round trips; on SQLite a read transaction is a free snapshot.
     autocommit_reads: bool = False
 
+    def __init__(self) -> None:
+        #: Insert statements built once per (table, returning, ...): see ``insert_rows``.
+        self._inserts: dict[tuple[Any, ...], Any] = {}
+
     @abstractmethod
     def engine_options(self, url: URL) -> dict[str, Any]:
         """Keyword arguments for ``sqlalchemy.create_engine`` (pool settings aside)."""

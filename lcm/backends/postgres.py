@@ -14,7 +14,6 @@ syntax error and never reaches SQL other than as a bound parameter.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -42,17 +41,29 @@ _indexed_tables: dict[int, Table] = {}
 
 
 def _quote(lexeme: str) -> str:
+    if "'" not in lexeme and "\\" not in lexeme:
+        return "'" + lexeme + "'"
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def tsvector_literal(body: str, scope: Sequence[str]) -> str:
-    """A literal tsvector: the body's tokens with positions, plus positionless scope lexemes."""
-    positions: dict[str, list[int]] = defaultdict(list)
+    """A literal tsvector: the body's tokens with positions, plus positionless scope lexemes.
+
+    Built in Python (every ingest pays for it, so it is kept tight): positions come out of
+    ``enumerate`` already increasing and unique, and only need clamping past PostgreSQL's limit.
+    """
+    positions: dict[str, list[int]] = {}
     for pos, tok in enumerate(tokenize(body), start=1):
-        plist = positions[tok]
-        if len(plist) < MAX_POSITIONS_PER_LEXEME:
-            plist.append(min(pos, MAX_POSITION))
-    parts = [f"{_quote(tok)}:{','.join(map(str, sorted(set(p))))}" for tok, p in positions.items()]
+        plist = positions.get(tok)
+        if plist is None:
+            positions[tok] = [pos]
+        elif len(plist) < MAX_POSITIONS_PER_LEXEME:
+            plist.append(pos)
+    parts = []
+    for tok, plist in positions.items():
+        if plist[-1] > MAX_POSITION:
+            plist = sorted({min(p, MAX_POSITION) for p in plist})
+        parts.append(_quote(tok) + ":" + ",".join(map(str, plist)))
     parts.extend(_quote("§" + s) for s in scope)
     return " ".join(parts)
 
@@ -116,20 +127,23 @@ class PostgresBackend(Backend):
     def insert_rows(self, conn, table, rows, index, returning):
         if not rows:
             return []
-        target = table
         params = list(rows)
         if index is not None:
-            target = _with_vector(table)
             params = [
                 {**row, "lcm_vector": tsvector_literal(ix.body, scope_lexemes(ix))}
                 for row, ix in zip(rows, index, strict=True)
             ]
-            stmt = pg_insert(target).values(
-                search_vector=cast(bindparam("lcm_vector"), TSVECTOR)
-            )
-        else:
-            stmt = pg_insert(target)
-        stmt = stmt.on_conflict_do_nothing().returning(*(target.c[name] for name in returning))
+        key = (table.name, tuple(returning), index is not None)
+        stmt = self._inserts.get(key)
+        if stmt is None:  # built once: constructing the expression costs more than running it
+            if index is not None:
+                target = _with_vector(table)
+                stmt = pg_insert(target).values(search_vector=cast(bindparam("lcm_vector"), TSVECTOR))
+            else:
+                target = table
+                stmt = pg_insert(target)
+            stmt = self._inserts[key] = stmt.on_conflict_do_nothing().returning(
+                *(target.c[name] for name in returning))
         return [tuple(r) for r in conn.execute(stmt, params).all()]
 
     def insert_ignore(self, conn, table, rows, conflict_columns):

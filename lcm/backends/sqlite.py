@@ -92,11 +92,11 @@ class SQLiteBackend(Backend):
         if not rows:
             return []
         # The FTS5 triggers index the row from its own columns; `index` is not needed here.
-        stmt = (
-            sqlite_insert(table)
-            .on_conflict_do_nothing()
-            .returning(*(table.c[name] for name in returning))
-        )
+        key = (table.name, tuple(returning))
+        stmt = self._inserts.get(key)
+        if stmt is None:  # built once: constructing the expression costs more than running it
+            stmt = self._inserts[key] = (
+                sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
         return [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
 
     def insert_ignore(self, conn, table, rows, conflict_columns):

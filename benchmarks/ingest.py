@@ -1,0 +1,71 @@
+"""Ingest: 4-message turns, each its own transaction, through the engine; and bulk import.
+
+Per turn, lcm does what a host drives: ``on_turn_complete(transcript)`` with the transcript
+grown by one turn (identity, token counts, index, session counters, one transaction). The raw
+baseline inserts the same four messages in one transaction. Bulk: batches of 500 messages
+(``Store.append_messages``, the path of ``lcm ingest --no-compact``) against raw batches of 500.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks.common import ratio, summary_ms
+from benchmarks.corpus import Corpus
+from benchmarks.raw import raw_for
+from lcm.config import LcmConfig
+from lcm.engine import LcmEngine
+from lcm.store import Store
+
+BULK_BATCH = 500
+
+
+def run(backend: str, url: str, *, turns: int, bulk_messages: int) -> dict[str, Any]:
+    corpus = Corpus()
+    Store.open(url, upgrade=True)
+    played = list(corpus.turns(turns, session="ingest"))
+
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=url, agent_id="bench"))
+    engine.update_model("bench", 10_000_000)  # no compaction: ingest alone is measured
+    engine.on_session_start("ingest-turns")
+    transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are a benchmark agent."}]
+    lcm_times = []
+    for turn in played:
+        transcript = transcript + turn
+        t = time.perf_counter()
+        engine.on_turn_complete(transcript)
+        lcm_times.append((time.perf_counter() - t) * 1000)
+    assert engine.store.get_session(engine.session.id).message_count == 4 * turns
+
+    raw = raw_for(backend, url)
+    raw_times = []
+    for i, turn in enumerate(played):
+        t = time.perf_counter()
+        raw.insert(1, 4 * i + 1, turn)
+        raw_times.append((time.perf_counter() - t) * 1000)
+
+    bulk = [m for t in corpus.turns(bulk_messages // 4, session="bulk") for m in t]
+    store = engine.store
+    session = store.get_or_create_session("bench", "ingest-bulk")
+    anchor = None
+    t = time.perf_counter()
+    for b in range(0, len(bulk), BULK_BATCH):
+        anchor = store.append_messages(session.id, bulk[b:b + BULK_BATCH], after_identity=anchor).last_identity
+    lcm_bulk = time.perf_counter() - t
+    t = time.perf_counter()
+    for b in range(0, len(bulk), BULK_BATCH):
+        raw.insert(2, b + 1, bulk[b:b + BULK_BATCH])
+    raw_bulk = time.perf_counter() - t
+    raw.close()
+
+    lcm_rate = 1000 * len(lcm_times) / sum(lcm_times)
+    raw_rate = 1000 * len(raw_times) / sum(raw_times)
+    return {
+        "turns": turns, "bulk_messages": len(bulk),
+        "per_turn": {"lcm_turns_per_s": lcm_rate, "raw_turns_per_s": raw_rate,
+                     "ratio": ratio(lcm_rate, raw_rate), "lcm_ms": summary_ms(lcm_times),
+                     "raw_ms": summary_ms(raw_times)},
+        "bulk": {"lcm_msgs_per_s": len(bulk) / lcm_bulk, "raw_msgs_per_s": len(bulk) / raw_bulk,
+                 "ratio": ratio(raw_bulk, lcm_bulk)},
+    }

@@ -1,0 +1,36 @@
+"""Run one benchmark phase on one backend in this process and print its result as JSON.
+
+``python -m benchmarks`` starts one worker per (phase, backend, size), so every phase starts
+cold and its peak memory is its own.
+
+    python -m benchmarks.worker search sqlite '{"messages": 10000, "sessions": 20, "runs": 10}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from benchmarks import compaction, ingest, search, startup, turn_overhead
+from benchmarks.common import backend_url, peak_rss_mb
+
+PHASES = {"ingest": ingest.run, "search": search.run, "turn_overhead": turn_overhead.run,
+          "compaction": compaction.run, "startup": startup.run}
+
+
+def main() -> None:
+    phase, backend, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    url, cleanup = backend_url(backend)
+    started = time.perf_counter()
+    try:
+        result = PHASES[phase](backend, url, **params)
+    finally:
+        cleanup()
+    result.update({"phase": phase, "backend": backend, "params": params,
+                   "peak_rss_mb": peak_rss_mb(), "wall_s": time.perf_counter() - started})
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

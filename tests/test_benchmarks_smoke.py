@@ -1,0 +1,41 @@
+"""The benchmarks at their smallest size, so they never rot: every phase runs on the backends
+available and reports sane results (recall, counts). No timing is asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_benchmark_runs_at_smoke_size(tmp_path):
+    backend = "both" if os.environ.get("LCM_TEST_POSTGRES_URL") else "sqlite"
+    if backend == "sqlite" and os.environ.get("LCM_REQUIRE_HERMES"):  # CI: PostgreSQL is always there
+        pytest.fail("LCM_TEST_POSTGRES_URL is not set in CI")
+    out = tmp_path / "results.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--backend", backend, "--json", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up"):
+        assert title in done.stdout, title
+    results = json.loads(out.read_text())["results"]
+    backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
+    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup"):
+        assert {r["backend"] for r in results[phase]} == backends, phase
+        assert all(r["peak_rss_mb"] > 0 for r in results[phase])
+    for r in results["search"]:
+        assert r["recall"]["found"] == r["recall"]["total"] > 0  # every needle found
+    for r in results["ingest"]:
+        assert r["per_turn"]["lcm_turns_per_s"] > 0 and r["bulk"]["raw_msgs_per_s"] > 0
+    for r in results["compaction"]:
+        assert r["compacted"] > 0.9 * r["messages"] and r["depths"].get("d0")
+    for r in results["startup"]:
+        assert r["messages"] > 0 and r["first_turn_s"] > 0
