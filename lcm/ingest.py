@@ -16,7 +16,7 @@ never loses what the host holds, and never stores a copy of what it already has.
 
 Cost. A turn costs O(new messages): the ingestor remembers, per session, the exact message
 objects it matched last time (the host keeps appending to the same list), so the usual call
-compares object identity for the old prefix, hashes only the new messages and reads one session
+compares object identity for the old prefix, encodes only the new messages and reads one session
 row. Another writer having appended in between (the session's ``last_seq`` moved) sends it back
 to full alignment, which is bounded by the length of the host's transcript, never the history.
 """
@@ -61,7 +61,6 @@ class IngestResult:
 @dataclass
 class _Seen:
     objects: list[Any]  # the host's message objects (kept alive, so `is` comparisons are sound)
-    hashes: list[str]
     store_ids: list[int]
     token_counts: list[int]
     last_seq: int  # the session's last seq when this was recorded
@@ -101,7 +100,7 @@ class Ingestor:
                 last_identity = tail[0].identity if tail else ""
             objects = [r.message for r in records]
             self._cache[session.id] = _Seen(
-                objects=objects, hashes=[_hash(m) for m in objects],
+                objects=objects,
                 store_ids=[r.store_id for r in records], token_counts=[r.token_count for r in records],
                 last_seq=session.last_seq, last_identity=last_identity, session=session,
                 host=list(host), system=system,
@@ -141,7 +140,7 @@ class Ingestor:
             session, anchor = result.session, result.last_identity
             if result.inserted:
                 log.debug("lcm ingest: %d new message(s) in session %s", result.inserted, session.session_key)
-        seen = _Seen(list(conversation), hashes, [int(s) for s in mapped], [int(t or 0) for t in tokens],
+        seen = _Seen(list(conversation), [int(s) for s in mapped], [int(t or 0) for t in tokens],
                      session.last_seq, anchor or "", session, len(new_idx), recall=recall)
         self._cache[session_pk] = seen
         return seen
@@ -151,7 +150,7 @@ class Ingestor:
         provided nobody else wrote to the session meanwhile (else None: align again)."""
         new = conversation[len(seen.objects):]
         if not new:  # nothing new: stored messages never change, no database work at all
-            return _Seen(seen.objects, seen.hashes, seen.store_ids, seen.token_counts,
+            return _Seen(seen.objects, seen.store_ids, seen.token_counts,
                          seen.last_seq, seen.last_identity, seen.session, 0, recall=seen.recall)
         recall = seen.recall | recall_call_ids(new)
         try:
@@ -159,9 +158,9 @@ class Ingestor:
                                                 expect_last_seq=seen.last_seq, recall_call_ids=recall)
         except ConcurrentUpdateError:
             return None
-        extended = _Seen(conversation, seen.hashes + [_hash(m) for m in new],
-                         seen.store_ids + list(result.store_ids), seen.token_counts + list(result.token_counts),
-                         result.session.last_seq, result.last_identity, result.session, len(new), recall=recall)
+        extended = _Seen(conversation, seen.store_ids + list(result.store_ids),
+                         seen.token_counts + list(result.token_counts), result.session.last_seq,
+                         result.last_identity, result.session, len(new), recall=recall)
         self._cache[session_pk] = extended
         if result.inserted:
             log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,

@@ -17,11 +17,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from sqlalchemy import Column, Connection, Engine, MetaData, Table, cast, text
-from sqlalchemy.dialects.postgresql import TSVECTOR
+from sqlalchemy import Connection, Engine, Table, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.sql import bindparam
 
 from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.records import Candidate, CheckResult
@@ -36,8 +35,6 @@ MAX_POSITIONS_PER_LEXEME = 256
 SAMPLE_ROWS = 200
 REBUILD_BATCH = 2000
 SEARCHABLE = ("lcm_messages", "lcm_summaries")
-
-_indexed_tables: dict[int, Table] = {}
 
 
 def _quote(lexeme: str) -> str:
@@ -97,15 +94,17 @@ def scope_lexemes(row: IndexRow) -> list[str]:
     return scope
 
 
-def _with_vector(table: Table) -> Table:
-    """The table as PostgreSQL has it: the shared columns plus ``search_vector``."""
-    key = id(table)
-    cached = _indexed_tables.get(key)
-    if cached is None:
-        copy = table.to_metadata(MetaData())
-        copy.append_column(Column("search_vector", TSVECTOR))
-        _indexed_tables[key] = cached = copy
-    return cached
+def _unnest_insert(table: Table, columns: Sequence[str], returning: Sequence[str], indexed: bool):
+    """``INSERT ... SELECT * FROM unnest(CAST(:c0 AS type[]), ...) ON CONFLICT DO NOTHING``."""
+    dialect = postgresql.dialect()
+    names = list(columns) + (["search_vector"] if indexed else [])
+    arrays = [f"CAST(:c{i} AS {table.c[name].type.compile(dialect=dialect)}[])"
+              for i, name in enumerate(columns)]
+    if indexed:
+        arrays.append("CAST(:vec AS tsvector[])")
+    return text(
+        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({', '.join(arrays)}) "
+        f"ON CONFLICT DO NOTHING RETURNING {', '.join(returning)}")
 
 
 class PostgresBackend(Backend):
@@ -125,25 +124,22 @@ class PostgresBackend(Backend):
     # -- writes --------------------------------------------------------------------------
 
     def insert_rows(self, conn, table, rows, index, returning):
+        """One statement of constant text whatever the row count: each column travels as one
+        array parameter and ``unnest`` turns them back into rows. A multi-row VALUES list
+        (SQLAlchemy's insertmanyvalues) has a different text per row count and a parameter per
+        cell, so psycopg re-parses it every time and PostgreSQL never gets to prepare it; this
+        text is parsed once and, after a few executions, runs as a prepared statement."""
         if not rows:
             return []
-        params = list(rows)
+        columns = list(rows[0])
+        params: dict[str, Any] = {f"c{i}": [row[name] for row in rows] for i, name in enumerate(columns)}
         if index is not None:
-            params = [
-                {**row, "lcm_vector": tsvector_literal(ix.body, scope_lexemes(ix))}
-                for row, ix in zip(rows, index, strict=True)
-            ]
-        key = (table.name, tuple(returning), index is not None)
+            params["vec"] = [tsvector_literal(ix.body, scope_lexemes(ix))
+                             for _, ix in zip(rows, index, strict=True)]
+        key = (table.name, tuple(columns), tuple(returning), index is not None)
         stmt = self._inserts.get(key)
-        if stmt is None:  # built once: constructing the expression costs more than running it
-            if index is not None:
-                target = _with_vector(table)
-                stmt = pg_insert(target).values(search_vector=cast(bindparam("lcm_vector"), TSVECTOR))
-            else:
-                target = table
-                stmt = pg_insert(target)
-            stmt = self._inserts[key] = stmt.on_conflict_do_nothing().returning(
-                *(target.c[name] for name in returning))
+        if stmt is None:  # built once per shape
+            stmt = self._inserts[key] = _unnest_insert(table, columns, returning, index is not None)
         return [tuple(r) for r in conn.execute(stmt, params).all()]
 
     def insert_ignore(self, conn, table, rows, conflict_columns):
