@@ -4,6 +4,7 @@
     python -m benchmarks --large          # adds search at 1M messages and start-up on a 1 GB store
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
     python -m benchmarks --backend sqlite --only search,startup --json results.json
+    python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
 PostgreSQL comes from LCM_BENCH_POSTGRES_URL (else LCM_TEST_POSTGRES_URL, else the local
 server); each run uses a fresh schema and drops it. Every lcm figure that has a raw-driver
@@ -25,6 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import tables
 from benchmarks.common import BACKENDS
 
 console = Console()
@@ -60,80 +62,16 @@ def run_worker(phase: str, backend: str, params: dict[str, Any]) -> dict[str, An
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def f(x: float, digits: int = 2) -> str:
-    return f"{x:,.{digits}f}"
-
-
-def show_ingest(results: list[dict[str, Any]]) -> None:
-    table = Table(title="ingest: lcm against the raw driver (same corpus, same machine, same run)")
-    for col in ("backend", "per-turn lcm turns/s", "raw turns/s", "ratio", "lcm p50/p95 ms",
-                "bulk lcm msgs/s", "raw msgs/s", "ratio", "peak RSS MB"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for r in results:
-        t, b = r["per_turn"], r["bulk"]
-        table.add_row(r["backend"], f(t["lcm_turns_per_s"], 0), f(t["raw_turns_per_s"], 0), f"{t['ratio']:.0%}",
-                      f"{f(t['lcm_ms']['p50'])} / {f(t['lcm_ms']['p95'])}", f(b["lcm_msgs_per_s"], 0),
-                      f(b["raw_msgs_per_s"], 0), f"{b['ratio']:.0%}", f(r["peak_rss_mb"], 0))
-    console.print(table)
-    console.print("goal: per-turn ingest at >= 50% of the raw driver's rate")
-
-
-def show_search(results: list[dict[str, Any]]) -> None:
-    for r in results:
-        table = Table(title=f"lcm_grep against the raw FTS query, {r['backend']}, {r['messages']:,} messages "
-                            f"({r['store_bytes'] / 1_048_576:,.0f} MB, loaded at {r['messages'] / r['load_seconds']:,.0f} msg/s), ms")
-        for col in ("class", "scope", "sort", "lcm p50", "lcm p95", "raw p50", "raw p95", "p95 ratio", "avg hits"):
-            table.add_column(col, justify="left" if col in ("class", "scope", "sort") else "right")
-        for row in r["rows"]:
-            lcm, raw = row["lcm"], row["raw"]
-            table.add_row(row["class"], row["scope"], row["sort"], f(lcm["p50"]), f(lcm["p95"]), f(raw["p50"]),
-                          f(raw["p95"]), f"{lcm['p95'] / raw['p95']:.2f}x" if raw["p95"] else "-", f(row["hits"], 1))
+def show(phase: str, results: list[dict[str, Any]]) -> None:
+    for spec in tables.BUILDERS[phase](results):
+        table = Table(title=spec.title)
+        for col in spec.columns:
+            table.add_column(col, justify="left" if col in spec.left else "right")
+        for row in spec.rows:
+            table.add_row(*row)
         console.print(table)
-        rec = r["recall"]
-        worst = max(row["lcm"]["p95"] for row in r["rows"])
-        console.print(f"needle recall {rec['found']}/{rec['total']} "
-                      f"({100.0 * rec['found'] / max(rec['total'], 1):.1f}%); worst lcm_grep p95 {worst:.1f} ms; "
-                      f"peak RSS {r['peak_rss_mb']:.0f} MB (goal: p95 <= 50 ms at 1M, recall 100%)")
-
-
-def show_overhead(results: list[dict[str, Any]]) -> None:
-    table = Table(title="per-turn overhead (ms, p50 / p95) as history grows")
-    ops = ["ingest one turn", "should_compress", "compress (nothing to do)", "whole turn"]
-    for col in ("backend", "stored", *ops, "peak RSS MB"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for r in results:
-        table.add_row(r["backend"], f"{r['stored']:,}",
-                      *(f"{f(r['ops'][op]['p50'])} / {f(r['ops'][op]['p95'])}" for op in ops), f(r["peak_rss_mb"], 0))
-    console.print(table)
-    console.print("goal: flat in history size, <= 5 ms at 100k messages")
-
-
-def show_compaction(results: list[dict[str, Any]]) -> None:
-    table = Table(title="compaction with the extractive summarizer (LLM time excluded)")
-    for col in ("backend", "messages", "compacted", "seconds", "msgs/s", "summaries", "DAG", "peak RSS MB"):
-        table.add_column(col, justify="left" if col in ("backend", "DAG") else "right")
-    for r in results:
-        table.add_row(r["backend"], f"{r['messages']:,}", f"{r['compacted']:,}", f(r["seconds"]),
-                      f(r["msgs_per_s"], 0), str(r["leaves"] + r["condensed"]),
-                      " ".join(f"{k}:{v}" for k, v in sorted(r["depths"].items())), f(r["peak_rss_mb"], 0))
-    console.print(table)
-
-
-def show_startup(results: list[dict[str, Any]]) -> None:
-    table = Table(title="start-up: a new process opens an existing store and serves the first turn (s)")
-    for col in ("backend", "store MB", "messages", "import", "open", "first turn", "total in process",
-                "process wall", "child RSS MB"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for r in results:
-        table.add_row(r["backend"], f(r["store_bytes"] / 1_048_576, 0), f"{r['messages']:,}", f(r["import_s"], 3),
-                      f(r["open_s"], 3), f(r["first_turn_s"], 3), f(r["total_s"], 3), f(r["process_wall_s"], 3),
-                      f(r["peak_rss_mb"], 0))
-    console.print(table)
-    console.print("goal: under 1 s on a 1 GB store")
-
-
-SHOW = {"ingest": show_ingest, "search": show_search, "turn_overhead": show_overhead,
-        "compaction": show_compaction, "startup": show_startup}
+        for note in spec.notes:
+            console.print(note)
 
 
 def main() -> None:
@@ -142,7 +80,7 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): nothing rotted")
     size.add_argument("--large", action="store_true", help="also 1M-message search and a 1 GB start-up")
-    parser.add_argument("--only", default="", help=f"comma list of phases: {', '.join(SHOW)}")
+    parser.add_argument("--only", default="", help=f"comma list of phases: {', '.join(tables.BUILDERS)}")
     parser.add_argument("--json", dest="json_out", help="also write every result to this file")
     args = parser.parse_args()
     plan = {k: list(v) for k, v in SIZES["smoke" if args.smoke else "default"].items()}
@@ -162,7 +100,7 @@ def main() -> None:
         for params in plan[phase]:
             for backend in backends:
                 results.setdefault(phase, []).append(run_worker(phase, backend, params))
-        SHOW[phase](results[phase])
+        show(phase, results[phase])
     console.print(f"all benchmarks done in {time.perf_counter() - started:,.0f} s")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as out:

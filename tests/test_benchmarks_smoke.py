@@ -39,3 +39,12 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert r["compacted"] > 0.9 * r["messages"] and r["depths"].get("d0")
     for r in results["startup"]:
         assert r["messages"] > 0 and r["first_turn_s"] > 0
+
+    # The same results as Markdown (how docs/benchmarks.md gets its tables).
+    report = subprocess.run([sys.executable, "-m", "benchmarks.report", str(out)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr[-3000:]
+    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up"):
+        assert f"**{title}" in report.stdout, title
+    rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert sum(line.startswith(f"| {b} |") for line in rows for b in backends) >= 4 * len(backends)

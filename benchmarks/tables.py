@@ -1,0 +1,105 @@
+"""Benchmark results as tables: built once, rendered for the terminal (rich) or as Markdown.
+
+One definition per phase keeps the printed tables and ``docs/benchmarks.md`` (written by
+``python -m benchmarks.report results.json``) from drifting apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class TableSpec:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    left: frozenset[str] = frozenset({"backend"})  # columns aligned left; the rest are figures
+    notes: list[str] = field(default_factory=list)  # printed under the table
+
+
+def f(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def ingest(results: list[dict[str, Any]]) -> list[TableSpec]:
+    spec = TableSpec("ingest: lcm against the raw driver (same corpus, same machine, same run)",
+                     ["backend", "per-turn lcm turns/s", "raw turns/s", "ratio", "lcm p50/p95 ms",
+                      "bulk lcm msgs/s", "raw msgs/s", "ratio", "peak RSS MB"],
+                     notes=["goal: per-turn ingest at >= 50% of the raw driver's rate"])
+    for r in results:
+        t, b = r["per_turn"], r["bulk"]
+        spec.rows.append([r["backend"], f(t["lcm_turns_per_s"], 0), f(t["raw_turns_per_s"], 0), f"{t['ratio']:.0%}",
+                          f"{f(t['lcm_ms']['p50'])} / {f(t['lcm_ms']['p95'])}", f(b["lcm_msgs_per_s"], 0),
+                          f(b["raw_msgs_per_s"], 0), f"{b['ratio']:.0%}", f(r["peak_rss_mb"], 0)])
+    return [spec]
+
+
+def search(results: list[dict[str, Any]]) -> list[TableSpec]:
+    specs = []
+    for r in results:
+        spec = TableSpec(
+            f"lcm_grep against the raw FTS query, {r['backend']}, {r['messages']:,} messages "
+            f"({r['store_bytes'] / 1_048_576:,.0f} MB, loaded at {r['messages'] / r['load_seconds']:,.0f} msg/s), ms",
+            ["class", "scope", "sort", "lcm p50", "lcm p95", "raw p50", "raw p95", "p95 ratio", "avg hits"],
+            left=frozenset({"class", "scope", "sort"}))
+        for row in r["rows"]:
+            lcm, raw = row["lcm"], row["raw"]
+            spec.rows.append([row["class"], row["scope"], row["sort"], f(lcm["p50"]), f(lcm["p95"]), f(raw["p50"]),
+                              f(raw["p95"]), f"{lcm['p95'] / raw['p95']:.2f}x" if raw["p95"] else "-",
+                              f(row["hits"], 1)])
+        rec = r["recall"]
+        worst = max(row["lcm"]["p95"] for row in r["rows"])
+        spec.notes.append(f"needle recall {rec['found']}/{rec['total']} "
+                          f"({100.0 * rec['found'] / max(rec['total'], 1):.1f}%); worst lcm_grep p95 {worst:.1f} ms; "
+                          f"peak RSS {r['peak_rss_mb']:.0f} MB (goal: p95 <= 50 ms at 1M, recall 100%)")
+        specs.append(spec)
+    return specs
+
+
+def turn_overhead(results: list[dict[str, Any]]) -> list[TableSpec]:
+    ops = ["ingest one turn", "should_compress", "compress (nothing to do)", "whole turn"]
+    spec = TableSpec("per-turn overhead (ms, p50 / p95) as history grows", ["backend", "stored", *ops, "peak RSS MB"],
+                     notes=["goal: flat in history size, <= 5 ms at 100k messages"])
+    for r in results:
+        spec.rows.append([r["backend"], f"{r['stored']:,}",
+                          *(f"{f(r['ops'][op]['p50'])} / {f(r['ops'][op]['p95'])}" for op in ops),
+                          f(r["peak_rss_mb"], 0)])
+    return [spec]
+
+
+def compaction(results: list[dict[str, Any]]) -> list[TableSpec]:
+    spec = TableSpec("compaction with the extractive summarizer (LLM time excluded)",
+                     ["backend", "messages", "compacted", "seconds", "msgs/s", "summaries", "DAG", "peak RSS MB"],
+                     left=frozenset({"backend", "DAG"}))
+    for r in results:
+        spec.rows.append([r["backend"], f"{r['messages']:,}", f"{r['compacted']:,}", f(r["seconds"]),
+                          f(r["msgs_per_s"], 0), str(r["leaves"] + r["condensed"]),
+                          " ".join(f"{k}:{v}" for k, v in sorted(r["depths"].items())), f(r["peak_rss_mb"], 0)])
+    return [spec]
+
+
+def startup(results: list[dict[str, Any]]) -> list[TableSpec]:
+    spec = TableSpec("start-up: a new process opens an existing store and serves the first turn (s)",
+                     ["backend", "store MB", "messages", "import", "open", "first turn", "total in process",
+                      "process wall", "child RSS MB"],
+                     notes=["goal: under 1 s on a 1 GB store"])
+    for r in results:
+        spec.rows.append([r["backend"], f(r["store_bytes"] / 1_048_576, 0), f"{r['messages']:,}", f(r["import_s"], 3),
+                          f(r["open_s"], 3), f(r["first_turn_s"], 3), f(r["total_s"], 3), f(r["process_wall_s"], 3),
+                          f(r["peak_rss_mb"], 0)])
+    return [spec]
+
+
+BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
+    "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup}
+
+
+def markdown(spec: TableSpec) -> str:
+    """A GitHub Markdown table with the title above and the notes below."""
+    align = ["---" if c in spec.left else "---:" for c in spec.columns]
+    lines = [f"**{spec.title}**", "", "| " + " | ".join(spec.columns) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in spec.rows]
+    lines += [""] + [f"_{note}_" for note in spec.notes]
+    return "\n".join(lines).rstrip() + "\n"
