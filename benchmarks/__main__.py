@@ -2,6 +2,7 @@
 
     python -m benchmarks                  # default sizes (about 10 minutes on 2 cores)
     python -m benchmarks --large          # adds search at 1M messages and start-up on a 1 GB store
+    python -m benchmarks --large-only     # only those two (skips the default sizes)
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
@@ -80,6 +81,7 @@ def main() -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): nothing rotted")
     size.add_argument("--large", action="store_true", help="also 1M-message search and a 1 GB start-up")
+    size.add_argument("--large-only", action="store_true", help="only the 1M-message search and 1 GB start-up")
     parser.add_argument("--only", default="", help=f"comma list of phases: {', '.join(tables.BUILDERS)}")
     parser.add_argument("--json", dest="json_out", help="also write every result to this file")
     args = parser.parse_args()
@@ -87,6 +89,8 @@ def main() -> None:
     if args.large:
         for phase, extra in LARGE_EXTRA.items():
             plan[phase] = plan[phase] + extra
+    if args.large_only:
+        plan = {phase: list(extra) for phase, extra in LARGE_EXTRA.items()}
     phases = [p for p in plan if not args.only or p in args.only.split(",")]
     unknown = set(args.only.split(",")) - set(plan) - {""}
     if unknown:
