@@ -991,7 +991,7 @@ class Store:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
-        ``RANK_WINDOW`` matches, ranked (bm25 / ts_rank_cd) or fused with recency; the result
+        ``RANK_WINDOW`` matches, ranked (BM25 / ts_rank_cd) or fused with recency; the result
         says when more matched than were ranked (``candidates_clamped``).
         """
         with self._read() as conn:

@@ -153,7 +153,7 @@ def test_sorts(store, session):
     recency = [h.id for h in store.search_messages("kiwi", agent="agent-a").hits]
     assert recency == [ids[2], ids[1], ids[0]]
     relevance = store.search_messages("kiwi", agent="agent-a", sort="relevance").hits
-    # bm25 (SQLite) and ts_rank_cd (PostgreSQL) order the weaker matches differently; both put
+    # BM25 over the window (SQLite) and ts_rank_cd (PostgreSQL) order the weaker matches differently; both put
     # the document dense with the term first and give every hit a score.
     assert relevance[0].id == ids[1] and sorted(h.id for h in relevance) == sorted(ids)
     assert all(h.score is not None for h in relevance)

@@ -9,7 +9,8 @@ difference                  SQLite (``sqlite.py``)          PostgreSQL (``postgr
 connection setup            WAL, busy timeout, FKs on,      pool pre-ping, connect timeout
                             ``BEGIN IMMEDIATE`` for writes
 search index upkeep         FTS5 external content, triggers ``search_vector`` written at insert
-search query                FTS5 ``MATCH`` + ``bm25``       ``@@ tsquery`` + ``ts_rank_cd``
+search query                FTS5 ``MATCH``; BM25 over the   ``@@ tsquery`` + ``ts_rank_cd``
+                            window (``window_rank.py``)
 integrity                   ``quick_check``, FTS5           catalog checks, vector recompute
                             ``integrity-check``
 ==========================  ==============================  ===================================
