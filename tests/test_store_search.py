@@ -187,6 +187,24 @@ def tiny_windows(monkeypatch):
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 2)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 10**9)
+    monkeypatch.setattr(pg, "GIN_DIRECT_MAX", -1)  # never phase 0, even if autovacuum analyzed
+
+
+@pytest.fixture
+def gin_direct(store, monkeypatch):
+    """Statistics collected and every query rare enough for PostgreSQL's phase 0 (the GIN index
+    at once); SQLite has no phases and repeats its results."""
+    import lcm.backends.postgres as pg
+
+    monkeypatch.setattr(pg, "GIN_DIRECT_MAX", 10**9)
+
+    def analyzed() -> None:
+        store.optimize()
+        if store.backend.name == "postgresql":
+            with store.engine.connect() as conn:
+                assert store.backend._lexeme_stats(conn, "lcm_messages") is not None
+
+    return analyzed
 
 
 @pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
@@ -197,6 +215,31 @@ def test_parity_table_through_the_index_phase(store, corpus, tiny_windows, query
         assert got == [ids[i] for i in expected]
         ranked = store.search_messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
         assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
+
+
+@pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
+def test_parity_table_through_the_direct_index_phase(store, corpus, gin_direct, query, expected):
+    session, ids = corpus
+    gin_direct()
+    for scope in (session.id, None):
+        got = [h.id for h in store.search_messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
+        assert got == [ids[i] for i in expected]
+        ranked = store.search_messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
+        assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
+
+
+def test_filters_and_limits_through_the_direct_index_phase(store, session, gin_direct):
+    msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
+             "timestamp": 1_000 + i} for i in range(20)]
+    ids = store.append_messages(session.id, msgs).store_ids
+    gin_direct()
+    window = store.search_messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
+    assert [h.id for h in window] == [ids[i] for i in range(9, 4, -1)]
+    users = store.search_messages("shared", agent="agent-a", roles=["user"], time_to=1_006, limit=50).hits
+    assert [h.id for h in users] == [ids[i] for i in (5, 3, 1)]
+    newest = store.search_messages("shared", agent="agent-a", limit=3)
+    assert [h.id for h in newest.hits] == [ids[19], ids[18], ids[17]]
+    assert store.search_messages("item7", agent="agent-a", session_pk=session.id).hits[0].id == ids[7]
 
 
 def test_filters_through_the_index_phase(store, session, tiny_windows):
@@ -216,6 +259,7 @@ def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, 
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 10)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 5)
+    monkeypatch.setattr(pg, "GIN_DIRECT_MAX", -1)
     store = Store.open(pg_url, upgrade=True)
     s = store.get_or_create_session("agent-a", "s")
     store.append_messages(s.id, [{"role": "user", "content": f"common {i}"} for i in range(100)])
@@ -240,3 +284,18 @@ def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_window
                               after_identity="y")
     assert [h.id for h in store.search_messages("ancient", agent="agent-a").hits] == [old]
     assert len(store.search_messages("filler", agent="agent-a", limit=50).hits) == 12
+
+
+def test_lexeme_statistics_estimate_matches():
+    """PostgreSQL's phase-0 decision: a phrase is as rare as its rarest word, an OR group adds
+    up, AND groups multiply, a prefix is unknown."""
+    from lcm.backends.postgres import LexemeStats, _estimated_matches
+    from lcm.textindex import parse_query
+
+    stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02}, floor=0.001, rows=1_000_000)
+    assert _estimated_matches(parse_query("common"), stats) == pytest.approx(600_000)
+    assert _estimated_matches(parse_query("mid other"), stats) == pytest.approx(200)
+    assert _estimated_matches(parse_query("mid OR other"), stats) == pytest.approx(30_000)
+    assert _estimated_matches(parse_query('"common needle"'), stats) == pytest.approx(1_000)
+    assert _estimated_matches(parse_query("comm*"), stats) is None
+    assert _estimated_matches(parse_query("common"), None) is None

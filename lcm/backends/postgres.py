@@ -14,6 +14,8 @@ syntax error and never reaches SQL other than as a bound parameter.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from sqlalchemy import Connection, Engine, Table, text
@@ -30,6 +32,11 @@ MAX_POSITION = 16383  # PostgreSQL clamps positions above this
 PROBE_ROWS = 2000
 #: Phase 2 (GIN over older rows) of a ranked or filtered search runs only below this estimate.
 PHASE2_MAX_MATCHES = 10_000
+#: A query the lexeme statistics say matches at most this many rows of the whole table goes
+#: straight to the GIN index (its cost is its matches); commoner ones start with phase 1.
+GIN_DIRECT_MAX = 5_000
+#: Seconds the lexeme statistics (``pg_stats``, refreshed by ANALYZE) are reused.
+STATS_TTL_S = 300.0
 MAX_POSITIONS_PER_LEXEME = 256
 SAMPLE_ROWS = 200
 REBUILD_BATCH = 2000
@@ -62,6 +69,33 @@ def tsvector_literal(body: str, scope: Sequence[str]) -> str:
         parts.append(_quote(tok) + ":" + ",".join(map(str, plist)))
     parts.extend(_quote("§" + s) for s in scope)
     return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class LexemeStats:
+    """What ANALYZE knows of a search vector column: the most common lexemes' row frequencies."""
+
+    freqs: dict[str, float]
+    floor: float  # a lexeme not listed is in at most this fraction of rows
+    rows: float  # rows in the table (pg_class.reltuples)
+
+
+def _estimated_matches(query: Query, stats: LexemeStats | None) -> float | None:
+    """Rows of the whole table the query's words match, from the statistics (None: unknown).
+
+    A phrase is as rare as its rarest word, an OR group as common as its words together, an
+    AND of groups as their product (independence: the usual planner assumption). A prefix
+    could match anything: unknown, so phase 1 runs as before.
+    """
+    if stats is None:
+        return None
+    selectivity = 1.0
+    for group in query.groups:
+        if any(term.prefix for term in group):
+            return None
+        either = sum(min(stats.freqs.get(tok, stats.floor) for tok in term.tokens) for term in group)
+        selectivity *= min(1.0, either)
+    return selectivity * stats.rows
 
 
 def _ts_term(term: Term) -> str:
@@ -111,6 +145,10 @@ class PostgresBackend(Backend):
     pool_options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
     autocommit_reads = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._stats_cache: dict[str, tuple[float, LexemeStats | None]] = {}
+
     def engine_options(self, url: URL) -> dict[str, Any]:
         connect_args: dict[str, Any] = {"application_name": "lcm"}
         if "connect_timeout" not in url.query:
@@ -150,15 +188,21 @@ class PostgresBackend(Backend):
 
     def _search(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
                 roles: Sequence[str]) -> tuple[list[Candidate], bool]:
-        """Two fenced phases, so no plan depends on the planner guessing term frequencies.
+        """Fenced phases, so no plan depends on the planner guessing term frequencies.
 
-        1. The newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the query:
-           common words are answered here.
+        0. When the lexeme statistics say the query matches few rows of the whole table (a
+           needle, a rare word, two mid-frequency words together): the GIN index at once.
+        1. Otherwise the newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the
+           query: common words are answered here.
         2. Only if that found too few: the GIN index over the older rows. For a recency sort
            this means the term is rare (fewer than ``limit`` hits in the probe), so the GIN
            bitmap is small. For a ranked sort it runs only when phase 1's hit rate predicts at
            most ``PHASE2_MAX_MATCHES`` older matches; otherwise the ranking covers the probe
            window and the result says so (clamped).
+
+        Phase 0 needs statistics (ANALYZE; autovacuum keeps them fresh). Without them, or if
+        they are stale and a word grew common since, the cost is that word's GIN matches once,
+        never a plan that walks the table.
         """
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         params: dict[str, Any] = {"q": render_tsquery(spec.query, scope, roles),
@@ -172,6 +216,10 @@ class PostgresBackend(Backend):
         filters, fparams = post_filters(spec, ts_col)
         params.update(fparams)
         platform_join = "JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else ""
+        estimated = _estimated_matches(spec.query, self._lexeme_stats(conn, base))
+        if estimated is not None and estimated <= GIN_DIRECT_MAX:
+            found = self._gin_phase(conn, base, score, platform_join, filters, params, None, need)
+            return found, spec.ranked and len(found) >= need
         # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
         # (all sessions) by the primary key.
         session_scoped = spec.session_pk is not None
@@ -180,11 +228,13 @@ class PostgresBackend(Backend):
         window = f"SELECT * FROM {base} {where_scope}ORDER BY {order_col} DESC LIMIT :probe"
         # Phase 1: every match inside the recent window (unfiltered count = hit-rate sample).
         # The predicate is applied to a LIMITed subquery, which no index can answer: the
-        # window is scanned row by row, whatever the statistics say.
+        # window is scanned row by row, whatever the statistics say. A plain recency search
+        # needs no hit rate and stops at its `limit`-th match (LIMIT NULL: no limit).
+        params["first"] = need if not spec.ranked and not filters else None
         rows = conn.execute(text(
             f"SELECT t.id, {score}, ({' AND '.join(filters) or 'TRUE'}) AS keep "
             f"FROM ({window}) t {platform_join}"
-            "WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.id DESC"), params).all()
+            "WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.id DESC LIMIT :first"), params).all()
         found = [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:need]
         if len(found) >= need:
             return found, spec.ranked
@@ -197,21 +247,49 @@ class PostgresBackend(Backend):
         expected = len(rows) / scanned * older_rows  # phase 1's hit rate, applied to the rest
         if (spec.ranked or filters) and expected > PHASE2_MAX_MATCHES:
             return found, True
-        # Phase 2: the GIN index over the older rows. The matches, with their score and
-        # filters computed from the row the bitmap scan already holds, are materialized
-        # before anything is ordered: `id + 0` keeps the primary key out of that scan, so a
-        # rare term costs its few matches. (Reads run in autocommit, where SET LOCAL does
-        # nothing: the plan is fenced by the query's shape. An earlier join back to the table
-        # let the planner walk the primary key from the newest row instead: 115k rows read
-        # for 867 matches at 1M messages.)
-        params.update({"floor": floor_id, "need": need - len(found)})
-        more = conn.execute(text(
-            f"WITH g AS MATERIALIZED (SELECT t.id, {score} AS score FROM {base} t {platform_join}"
-            "WHERE t.search_vector @@ CAST(:q AS tsquery) AND t.id + 0 < :floor"
-            f"{''.join(' AND ' + f for f in filters)}) "
-            "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"), params).all()
-        found.extend(Candidate(int(r[0]), _score(r[1])) for r in more)
+        found.extend(self._gin_phase(conn, base, score, platform_join, filters, params, floor_id,
+                                     need - len(found)))
         return found, spec.ranked and len(found) >= need
+
+    @staticmethod
+    def _gin_phase(conn: Connection, base: str, score: str, platform_join: str, filters: list[str],
+                   params: dict[str, Any], floor_id: int | None, need: int) -> list[Candidate]:
+        """The newest ``need`` matches (below ``floor_id`` if given) through the GIN index.
+
+        The matches, with their score and filters computed from the row the bitmap scan
+        already holds, are materialized before anything is ordered, and `id + 0` keeps the
+        primary key out of that scan, so a rare term costs its few matches. (Reads run in
+        autocommit, where SET LOCAL does nothing: the plan is fenced by the query's shape. An
+        earlier join back to the table let the planner walk the primary key from the newest
+        row instead: 115k rows read for 867 matches at 1M messages.)
+        """
+        below = " AND t.id + 0 < :floor" if floor_id is not None else ""
+        rows = conn.execute(text(
+            f"WITH g AS MATERIALIZED (SELECT t.id, {score} AS score FROM {base} t {platform_join}"
+            f"WHERE t.search_vector @@ CAST(:q AS tsquery){below}"
+            f"{''.join(' AND ' + f for f in filters)}) "
+            "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
+            {**params, "floor": floor_id, "need": need}).all()
+        return [Candidate(int(r[0]), _score(r[1])) for r in rows]
+
+    def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:
+        """The table's most common lexemes and their row frequencies (cached ``STATS_TTL_S``)."""
+        now = time.monotonic()
+        cached = self._stats_cache.get(base)
+        if cached is not None and now - cached[0] < STATS_TTL_S:
+            return cached[1]
+        row = conn.execute(text(
+            "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples "
+            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "AND s.tablename = c.relname AND s.attname = 'search_vector' "
+            "WHERE c.oid = to_regclass(:t)"), {"t": base}).first()
+        stats = None
+        if row is not None and row[0] and row[1] and row[2] is not None and row[2] > 0:
+            elems, freqs = list(row[0]), [float(x) for x in row[1]]
+            # The frequencies list ends with the minimum, the maximum and the null frequency.
+            stats = LexemeStats(dict(zip(elems, freqs, strict=False)), freqs[len(elems)], float(row[2]))
+        self._stats_cache[base] = (now, stats)
+        return stats
 
     @staticmethod
     def _older_rows(conn: Connection, base: str, spec: SearchSpec, floor_id: int) -> int:
