@@ -7,9 +7,11 @@ database. :class:`Ingestor` works out which of those messages are already stored
 only the rest, at the end of the session, in one transaction.
 
 Alignment. The transcript without its system prompt and without lcm's summary messages is
-matched, in order, against the session's stored messages from where the host's view starts
-(``host_view_seq``, recorded when lcm last returned a context): by content hash, allowing the
-host to have dropped stored messages (bounded look-ahead). Messages after the last match are
+matched, in order, against a window of the session's newest stored messages (reaching back to
+where the host's view starts, ``host_view_seq``, recorded when lcm last returned a context): by
+content hash, allowing the host to have dropped stored messages (bounded look-ahead). The first
+match may be anywhere in the window (a host resumed with only the tail of a long session): it
+is the pairing that starts the longest run of consecutive matches. Messages after the last match are
 new. A message that does not match but sits before matched ones (the host inserted or edited
 something mid-transcript) is treated as new only if its content is nowhere in the view: lcm
 never loses what the host holds, and never stores a copy of what it already has.
@@ -41,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: How many stored messages the host may have dropped between two it kept.
 LOOKAHEAD = 64
+#: Where the transcript first meets the store is searched among this many of its first
+#: messages that have a stored match, each at this many (newest) stored positions.
+START_PROBES = 8
+START_CANDIDATES = 16
 #: Stored messages read for alignment beyond the transcript's own length.
 WINDOW_SLACK = 256
 
@@ -189,10 +195,12 @@ class Ingestor:
         positions: dict[str, list[int]] = {}
         for j, meta in enumerate(metas):
             positions.setdefault(meta_key(meta), []).append(j)
-        p = 0
+        keys = [message_key(m, hashes[i]) for i, m in enumerate(conversation)]
+        start = _alignment_start(keys, [meta_key(m) for m in metas], positions)
+        first, p = start if start is not None else (n, 0)
         last_matched = -1
-        for i, message in enumerate(conversation):
-            key = message_key(message, hashes[i])
+        for i in range(first, n):
+            key = keys[i]
             candidates = positions.get(key, ())
             k = bisect.bisect_left(candidates, p)
             if k < len(candidates) and candidates[k] - p <= LOOKAHEAD:
@@ -205,7 +213,7 @@ class Ingestor:
         for i in range(n):
             if mapped[i] is not None:
                 continue
-            key = message_key(conversation[i], hashes[i])
+            key = keys[i]
             if i < last_matched:
                 if key not in positions and older is None and lo > 1:
                     older = {meta_key(m): m for m in self.store.message_metas(
@@ -218,6 +226,34 @@ class Ingestor:
                          "stored at the end", session.session_key)
             new_idx.append(i)
         return mapped, tokens, new_idx, anchor
+
+
+def _alignment_start(keys: Sequence[str], stored: Sequence[str],
+                     positions: Mapping[str, list[int]]) -> tuple[int, int] | None:
+    """(transcript index, window index) where the transcript first meets the stored window.
+
+    The host's transcript may begin anywhere in the window: at its start (a host that re-sends
+    everything), at the newest stored messages (a host resumed with the tail of its history,
+    or whose view lcm has not recorded), or anywhere between. The start is the pairing that
+    begins the longest run of consecutive matches; ties go to the earlier transcript message,
+    then to the newer stored one. None: nothing in the transcript is stored.
+    """
+    best: tuple[int, int, int] | None = None  # (run length, -transcript index, window index)
+    probes = 0
+    for i, key in enumerate(keys):
+        candidates = positions.get(key)
+        if not candidates:
+            continue
+        for j in candidates[-START_CANDIDATES:]:
+            run = 1
+            while i + run < len(keys) and j + run < len(stored) and keys[i + run] == stored[j + run]:
+                run += 1
+            if best is None or (run, -i, j) > best:
+                best = (run, -i, j)
+        probes += 1
+        if probes >= START_PROBES:
+            break
+    return None if best is None else (-best[1], best[2])
 
 
 def _hash(message: Any) -> str:

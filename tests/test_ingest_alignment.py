@@ -1,0 +1,75 @@
+"""Ingest alignment: a host transcript that starts anywhere in a long stored session.
+
+Regression: the first match used to be looked for only within LOOKAHEAD (64) messages of the
+alignment window's start, so a host resumed with the tail of a long session (or any transcript
+starting more than 64 messages into the window) had every message stored a second time.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lcm.ingest import LOOKAHEAD, Ingestor
+from lcm.store import Store
+
+SYSTEM = {"role": "system", "content": "You are a test agent."}
+
+
+def _msgs(prefix: str, n: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{prefix} message {i}"}
+            for i in range(n)]
+
+
+def _stored(store: Store, session_pk: int) -> list[dict]:
+    return [r.message for r in store.get_messages(session_pk, limit=10_000)]
+
+
+@pytest.mark.parametrize("start", [0, 30, LOOKAHEAD + 1, 100, 299, 399])
+def test_a_transcript_starting_anywhere_adds_only_its_new_messages(store, start):
+    session = store.get_or_create_session("agent-a", "long")
+    history = _msgs("old", 400)
+    store.append_messages(session.id, history)
+    new = _msgs("new", 3)
+    result = Ingestor(store).ingest(session.id, [SYSTEM, *history[start:], *new])
+    assert result.new == 3
+    assert _stored(store, session.id) == history + new
+    stored_ids = [r.store_id for r in store.get_messages(session.id, limit=10_000)]
+    assert result.store_ids == stored_ids[start:]  # every host message mapped to its own row
+
+
+def test_a_resumed_engine_with_the_tail_of_a_long_session_stores_nothing_twice(make_engine):
+    first = make_engine(context_length=10_000_000)
+    first.on_session_start("s")
+    history = _msgs("turn", 300)
+    first.on_turn_complete([SYSTEM, *history])
+    resumed = make_engine(context_length=10_000_000)  # a new process, no memory of the session
+    resumed.on_session_start("s")
+    resumed.on_turn_complete([SYSTEM, *history[-40:], *_msgs("fresh", 4)])
+    assert _stored(resumed.store, resumed.session.id) == history + _msgs("fresh", 4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_nothing_is_lost_and_nothing_unique_is_stored_twice(sqlite_url, data):
+    """Stored history from a small alphabet (repeats on purpose), then a transcript that is any
+    suffix of it plus new messages: every transcript message maps to a stored row with its
+    content, and the session never holds more than history + the new messages."""
+    store = Store.open(sqlite_url, upgrade=True)
+    alphabet = [f"w{i}" for i in range(data.draw(st.integers(2, 6), label="alphabet"))]
+    history = [{"role": "user", "content": c}
+               for c in data.draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=150), label="history")]
+    start = data.draw(st.integers(0, len(history)), label="start")
+    new = [{"role": "user", "content": f"unique {i}"} for i in range(data.draw(st.integers(0, 4), label="new"))]
+    session = store.get_or_create_session("agent-a", uuid.uuid4().hex)  # the file is shared by examples
+    store.append_messages(session.id, history)
+    transcript = history[start:] + new
+    result = Ingestor(store).ingest(session.id, [SYSTEM, *transcript])
+    rows = {r.store_id: r.message for r in store.get_messages(session.id, limit=10_000)}
+    assert [rows[sid] for sid in result.store_ids] == transcript
+    assert len(history) <= len(rows) <= len(history) + len(new)
+    assert all(m in rows.values() for m in new)  # unique content: stored, exactly once
+    assert sum(m in new for m in rows.values()) == len(new)
