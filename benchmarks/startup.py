@@ -38,12 +38,14 @@ CHILD = textwrap.dedent("""
     engine.session
     t_open = time.perf_counter()
     transcript = json.load(open(transcript_path))
+    before = engine.store.get_session(engine.session.id).message_count
     engine.on_turn_complete(transcript)
     engine.should_compress(20000)
     out = engine.compress(transcript, current_tokens=20000)
     t_turn = time.perf_counter()
     assert engine._last_error is None, engine._last_error
-    print(json.dumps({"import_s": t_import - t0, "open_s": t_open - t_import, "first_turn_s": t_turn - t_open,
+    stored_new = engine.store.get_session(engine.session.id).message_count - before
+    print(json.dumps({"stored_new": stored_new, "import_s": t_import - t0, "open_s": t_open - t_import, "first_turn_s": t_turn - t_open,
                       "total_s": t_turn - t0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """)
 
@@ -88,4 +90,6 @@ def run(backend: str, url: str, *, target_mb: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"start-up child failed: {done.stderr[-2000:]}")
     child = json.loads(done.stdout.strip().splitlines()[-1])
+    # The resumed tail is already stored: only the new turn may be (a duplicate ingest once hid here).
+    assert child.pop("stored_new") == len(new_turn), child
     return {"store_bytes": size, "messages": total, "build_seconds": built, "process_wall_s": wall, **child}

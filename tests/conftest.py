@@ -23,6 +23,19 @@ from lcm.store import Store
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """lcm's cache (the parsed tokenizer) goes to a temporary folder, not the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("lcm-cache")
+    previous = os.environ.get("LCM_CACHE_DIR")
+    os.environ["LCM_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("LCM_CACHE_DIR", None)
+    else:
+        os.environ["LCM_CACHE_DIR"] = previous
+
+
 def _docker_answers() -> str | None:
     try:
         import docker

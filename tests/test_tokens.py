@@ -45,3 +45,37 @@ def test_surrogates_and_nul_do_not_break_counting():
 def test_unknown_models_use_the_default_encoding():
     assert tok.encoding_name_for_model("some-local-model") == tok.DEFAULT_ENCODING
     assert tok.encoding_name_for_model(None) == tok.DEFAULT_ENCODING
+
+
+def test_the_parsed_encoding_is_cached_between_processes(tmp_path, monkeypatch):
+    """The second load reads lcm's marshal cache instead of asking tiktoken to parse again."""
+    monkeypatch.setenv("LCM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LCM_TOKENIZER_CACHE", raising=False)
+    first = tok._load_without_network(tok.OFFLINE_ENCODING)
+    cached = tmp_path / "tiktoken"
+    assert [p.name.split("-")[0] for p in cached.iterdir()] == [tok.OFFLINE_ENCODING]
+
+    def no_parsing(name):
+        raise AssertionError("tiktoken was asked to parse the BPE file again")
+
+    monkeypatch.setattr(tok, "_encoding_spec", no_parsing)
+    second = tok._load_without_network(tok.OFFLINE_ENCODING)
+    text = "Der schnelle braune Fuchs 🦊 jumps over 13 lazy dogs; 数据库连接失败"
+    assert second.encode_ordinary(text) == first.encode_ordinary(text)
+
+
+def test_a_damaged_cache_is_ignored_and_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("LCM_CACHE_DIR", str(tmp_path))
+    path = tok._cache_file(tok.OFFLINE_ENCODING)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00not marshal")
+    enc = tok._load_without_network(tok.OFFLINE_ENCODING)
+    assert len(enc.encode_ordinary("hello world")) == 2
+    assert tok._read_cached_spec(tok.OFFLINE_ENCODING) is not None  # rewritten whole
+
+
+def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("LCM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LCM_TOKENIZER_CACHE", "0")
+    tok._load_without_network(tok.OFFLINE_ENCODING)
+    assert not any(tmp_path.rglob("*.marshal"))
