@@ -1,4 +1,4 @@
-"""``python -m benchmarks.report results.json``: the tables of a ``--json`` run as Markdown.
+"""``python -m benchmarks.report results.json [more.json ...]``: the tables of ``--json`` runs as Markdown.
 
 This is how ``docs/benchmarks.md`` gets its tables: the figures are pasted from a real run,
 never typed in.
@@ -23,10 +23,11 @@ def render(data: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", help="a file written by python -m benchmarks --json")
+    parser.add_argument("results", nargs="+", help="files written by python -m benchmarks --json")
     args = parser.parse_args()
-    with open(args.results, encoding="utf-8") as src:
-        print(render(json.load(src)))
+    for path in args.results:
+        with open(path, encoding="utf-8") as src:
+            print(render(json.load(src)))
 
 
 if __name__ == "__main__":
