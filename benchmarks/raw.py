@@ -84,8 +84,13 @@ class RawPostgres:
                             [_row(session, first_seq + i, m) for i, m in enumerate(messages)])
 
     def analyze(self) -> None:
-        self.conn.execute("ANALYZE raw_msg")
+        """VACUUM ANALYZE after the bulk load, as autovacuum soon would (outside a transaction)."""
         self.conn.commit()
+        self.conn.autocommit = True
+        try:
+            self.conn.execute("VACUUM (ANALYZE) raw_msg")
+        finally:
+            self.conn.autocommit = False
 
     def search(self, query: str, *, session: int | None, sort: str, limit: int = 10) -> list[int]:
         where = "tsv @@ plainto_tsquery('simple', %s)" + (" AND session = %s" if session is not None else "")

@@ -292,10 +292,15 @@ def test_lexeme_statistics_estimate_matches():
     from lcm.backends.postgres import LexemeStats, _estimated_matches
     from lcm.textindex import parse_query
 
-    stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02}, floor=0.001, rows=1_000_000)
-    assert _estimated_matches(parse_query("common"), stats) == pytest.approx(600_000)
-    assert _estimated_matches(parse_query("mid other"), stats) == pytest.approx(200)
-    assert _estimated_matches(parse_query("mid OR other"), stats) == pytest.approx(30_000)
-    assert _estimated_matches(parse_query('"common needle"'), stats) == pytest.approx(1_000)
-    assert _estimated_matches(parse_query("comm*"), stats) is None
-    assert _estimated_matches(parse_query("common"), None) is None
+    stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02, "§a1": 0.5, "§s7": 0.01},
+                        floor=0.002, rows=1_000_000)
+    assert _estimated_matches(parse_query("common"), [], stats) == pytest.approx(600_000)
+    assert _estimated_matches(parse_query("common"), ["a1"], stats) == pytest.approx(300_000)
+    assert _estimated_matches(parse_query("common"), ["s7"], stats) == pytest.approx(6_000)
+    assert _estimated_matches(parse_query("mid other"), [], stats) == pytest.approx(200)
+    assert _estimated_matches(parse_query("mid OR other"), [], stats) == pytest.approx(30_000)
+    # Not listed: half the least common listed frequency (at most PostgreSQL's 0.5% default).
+    assert _estimated_matches(parse_query('"common needle"'), [], stats) == pytest.approx(1_000)
+    assert _estimated_matches(parse_query("needle"), ["s99"], stats) == pytest.approx(1)
+    assert _estimated_matches(parse_query("comm*"), [], stats) is None
+    assert _estimated_matches(parse_query("common"), [], None) is None

@@ -32,9 +32,13 @@ MAX_POSITION = 16383  # PostgreSQL clamps positions above this
 PROBE_ROWS = 2000
 #: Phase 2 (GIN over older rows) of a ranked or filtered search runs only below this estimate.
 PHASE2_MAX_MATCHES = 10_000
-#: A query the lexeme statistics say matches at most this many rows of the whole table goes
-#: straight to the GIN index (its cost is its matches); commoner ones start with phase 1.
-GIN_DIRECT_MAX = 5_000
+#: A query the lexeme statistics say matches at most this many rows of its scope goes straight
+#: to the GIN index (its cost is those matches); commoner ones start with phase 1, which finds
+#: a common word's newest matches in the first rows it reads.
+GIN_DIRECT_MAX = 2_000
+#: PostgreSQL's own guess for a lexeme missing from the statistics (``DEFAULT_TS_MATCH_SEL``
+#: in ts_selfuncs.c, used with half the least common listed frequency, as there).
+UNLISTED_MAX_FREQ = 0.005
 #: Seconds the lexeme statistics (``pg_stats``, refreshed by ANALYZE) are reused.
 STATS_TTL_S = 300.0
 MAX_POSITIONS_PER_LEXEME = 256
@@ -76,16 +80,20 @@ class LexemeStats:
     """What ANALYZE knows of a search vector column: the most common lexemes' row frequencies."""
 
     freqs: dict[str, float]
-    floor: float  # a lexeme not listed is in at most this fraction of rows
+    floor: float  # the least common listed frequency: a lexeme not listed is rarer
     rows: float  # rows in the table (pg_class.reltuples)
 
+    def freq(self, lexeme: str) -> float:
+        listed = self.freqs.get(lexeme)
+        return listed if listed is not None else min(UNLISTED_MAX_FREQ, self.floor / 2)
 
-def _estimated_matches(query: Query, stats: LexemeStats | None) -> float | None:
-    """Rows of the whole table the query's words match, from the statistics (None: unknown).
+
+def _estimated_matches(query: Query, scope: Sequence[str], stats: LexemeStats | None) -> float | None:
+    """Rows of the scope the query's words match, from the statistics (None: unknown).
 
     A phrase is as rare as its rarest word, an OR group as common as its words together, an
-    AND of groups as their product (independence: the usual planner assumption). A prefix
-    could match anything: unknown, so phase 1 runs as before.
+    AND of groups (and the scope lexeme) as their product: independence, the planner's own
+    assumption. A prefix could match anything: unknown, so phase 1 runs as before.
     """
     if stats is None:
         return None
@@ -93,8 +101,10 @@ def _estimated_matches(query: Query, stats: LexemeStats | None) -> float | None:
     for group in query.groups:
         if any(term.prefix for term in group):
             return None
-        either = sum(min(stats.freqs.get(tok, stats.floor) for tok in term.tokens) for term in group)
+        either = sum(min(stats.freq(tok) for tok in term.tokens) for term in group)
         selectivity *= min(1.0, either)
+    for lexeme in scope:
+        selectivity *= stats.freq("§" + lexeme)
     return selectivity * stats.rows
 
 
@@ -190,8 +200,8 @@ class PostgresBackend(Backend):
                 roles: Sequence[str]) -> tuple[list[Candidate], bool]:
         """Fenced phases, so no plan depends on the planner guessing term frequencies.
 
-        0. When the lexeme statistics say the query matches few rows of the whole table (a
-           needle, a rare word, two mid-frequency words together): the GIN index at once.
+        0. When the lexeme statistics say the query matches few rows of its scope (a needle, a
+           rare word, two mid-frequency words together): the GIN index at once.
         1. Otherwise the newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the
            query: common words are answered here.
         2. Only if that found too few: the GIN index over the older rows. For a recency sort
@@ -216,7 +226,7 @@ class PostgresBackend(Backend):
         filters, fparams = post_filters(spec, ts_col)
         params.update(fparams)
         platform_join = "JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else ""
-        estimated = _estimated_matches(spec.query, self._lexeme_stats(conn, base))
+        estimated = _estimated_matches(spec.query, scope, self._lexeme_stats(conn, base))
         if estimated is not None and estimated <= GIN_DIRECT_MAX:
             found = self._gin_phase(conn, base, score, platform_join, filters, params, None, need)
             return found, spec.ranked and len(found) >= need
@@ -229,12 +239,15 @@ class PostgresBackend(Backend):
         # Phase 1: every match inside the recent window (unfiltered count = hit-rate sample).
         # The predicate is applied to a LIMITed subquery, which no index can answer: the
         # window is scanned row by row, whatever the statistics say. A plain recency search
-        # needs no hit rate and stops at its `limit`-th match (LIMIT NULL: no limit).
+        # needs no hit rate and stops at its `limit`-th match (LIMIT NULL: no limit); it is
+        # ordered by the window's own order (a session's seq rises with its ids), so no sort
+        # has to read the whole window first.
         params["first"] = need if not spec.ranked and not filters else None
         rows = conn.execute(text(
             f"SELECT t.id, {score}, ({' AND '.join(filters) or 'TRUE'}) AS keep "
             f"FROM ({window}) t {platform_join}"
-            "WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.id DESC LIMIT :first"), params).all()
+            f"WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.{order_col} DESC LIMIT :first"),
+            params).all()
         found = [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:need]
         if len(found) >= need:
             return found, spec.ranked
