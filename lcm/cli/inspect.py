@@ -63,6 +63,7 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
     if repair:
         backup = store.backup()
         counts = store.rebuild_search_index()
+        store.optimize()  # fresh statistics for the rebuilt index (PostgreSQL plans searches by them)
         repaired = {"backup": backup, "reindexed": counts}
         if not as_json:
             say(f"backup: {backup or 'none (PostgreSQL: use pg_dump)'}; reindexed "

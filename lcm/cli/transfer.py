@@ -128,6 +128,8 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     engine = open_engine(url, agent, create=True, context_length=context_length)
     reports, outcomes = import_plans(engine, plans, compact=not no_compact,
                                      show_progress=not as_json and bool(plans))
+    if any(r.added for r in reports):
+        engine.store.optimize()  # a bulk import changes word frequencies: refresh the statistics
     depth_counts = {}
     for plan in plans:
         session = engine.store.find_session(engine.agent_id, plan.session_key)
