@@ -113,23 +113,29 @@ class SQLiteBackend(Backend):
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         want = spec.window if spec.ranked else spec.limit
+        # Ranking: FTS5's bm25() unless a query word is common (see window_rank), whose whole
+        # posting list bm25() would read before scoring anything.
+        idfs, commonest = self._term_stats(conn, kind, spec.query) if spec.ranked else ({}, 0.0)
+        native = spec.ranked and commonest < window_rank.WINDOW_RANK_MIN_SHARE
+        score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
         if not spec.has_post_filters:
-            sql = f"SELECT rowid FROM {fts} WHERE {fts} MATCH :match ORDER BY rowid DESC LIMIT :want"
-            ids = [int(i) for i in conn.execute(text(sql), {"match": match, "want": want}).scalars()]
-            clamped = spec.ranked and len(ids) >= want
+            sql = (f"SELECT rowid, {score} FROM {fts} WHERE {fts} MATCH :match "
+                   "ORDER BY rowid DESC LIMIT :want")
+            rows = conn.execute(text(sql), {"match": match, "want": want}).all()
+            clamped = spec.ranked and len(rows) >= want
         else:
             base, ts_col = (("lcm_messages", "ts") if kind == "messages" else ("lcm_summaries", "latest_at"))
             filters, params = post_filters(spec, ts_col)
             params.update({"match": match, "want": want, "cap": spec.scan_cap})
             sql = (
-                f"WITH c AS (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :match "
+                f"WITH c AS (SELECT rowid AS id, {score} AS score FROM {fts} WHERE {fts} MATCH :match "
                 "ORDER BY rowid DESC LIMIT :cap) "
-                f"SELECT c.id FROM c JOIN {base} t ON t.id = c.id "
+                f"SELECT c.id, c.score FROM c JOIN {base} t ON t.id = c.id "
                 "JOIN lcm_sessions s ON s.id = t.session_id "
                 f"WHERE {' AND '.join(filters)} ORDER BY c.id DESC LIMIT :want"
             )
-            ids = [int(i) for i in conn.execute(text(sql), params).scalars()]
-            if len(ids) < want:
+            rows = conn.execute(text(sql), params).all()
+            if len(rows) < want:
                 inner = conn.execute(
                     text(f"SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH :match "
                          "LIMIT :cap)"), params).scalar_one()
@@ -137,23 +143,21 @@ class SQLiteBackend(Backend):
             else:
                 clamped = spec.ranked
         if not spec.ranked:
-            return [Candidate(i, None) for i in ids], clamped
-        scores = self._rank_window(conn, kind, spec.query, ids)
+            return [Candidate(int(r[0]), None) for r in rows], clamped
+        if native:  # bm25() is lower-is-better; lcm reports higher-is-better scores
+            return [Candidate(int(r[0]), -float(r[1])) for r in rows], clamped
+        ids = [int(r[0]) for r in rows]
+        scores = self._rank_window(conn, kind, spec.query, ids, idfs)
         return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
 
     @staticmethod
-    def _rank_window(conn: Connection, kind: str, query: Query, ids: list[int]) -> dict[int, float]:
-        """BM25 over the candidate window (``window_rank``): FTS5's own bm25() would first read
-        every query term's whole doclist, ~100 ms for a common word at 1M messages."""
-        if not ids:
-            return {}
+    def _term_stats(conn: Connection, kind: str, query: Query) -> tuple[dict[Term, float], float]:
+        """Each query word's IDF, from its document frequency estimated on its newest matches
+        (``window_rank.estimate_doc_freq``), and the largest share of rows one word is in."""
         fts, base = _FTS[kind], _BASE[kind]
-        rows = [window_rank.WindowRow(int(r[0]), r[1] or "", int(r[2] or 0)) for r in conn.execute(text(
-            f"SELECT id, substr(coalesce(search_text, content), 1, :head), token_count FROM {base} "
-            "WHERE id IN (SELECT value FROM json_each(:ids))"),
-            {"head": window_rank.HEAD_CHARS, "ids": json.dumps(ids)})]
         newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
         idfs: dict[Term, float] = {}
+        commonest = 0.0
         for term in query.positive_terms():
             if term in idfs:
                 continue
@@ -162,6 +166,19 @@ class SQLiteBackend(Backend):
                 "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
             doc_freq = window_rank.estimate_doc_freq(int(sampled), oldest, newest)
             idfs[term] = window_rank.idf(doc_freq, newest)
+            commonest = max(commonest, doc_freq / max(newest, 1))
+        return idfs, commonest
+
+    @staticmethod
+    def _rank_window(conn: Connection, kind: str, query: Query, ids: list[int],
+                     idfs: dict[Term, float]) -> dict[int, float]:
+        """BM25 over the candidate window (``window_rank``), for queries with a common word."""
+        if not ids:
+            return {}
+        rows = [window_rank.WindowRow(int(r[0]), r[1] or "", int(r[2] or 0)) for r in conn.execute(text(
+            f"SELECT id, substr(coalesce(search_text, content), 1, :head), token_count FROM {_BASE[kind]} "
+            "WHERE id IN (SELECT value FROM json_each(:ids))"),
+            {"head": window_rank.HEAD_CHARS, "ids": json.dumps(ids)})]
         return window_rank.bm25_scores(rows, query, idfs)
 
     def search_messages(self, conn, spec):

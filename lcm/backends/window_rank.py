@@ -3,8 +3,11 @@
 Why: FTS5's ``bm25()`` counts, before it scores a single row, how many documents of the
 *entire* index contain each query term (``xQueryPhrase`` over the term's full doclist). For the
 most common word of a 1M-message store that is ~100 ms, however few rows are then ranked. lcm
-only ever ranks the newest ``RANK_WINDOW`` matches of a scope (see ``lcm.backends``), so the
-SQLite backend scores those rows itself with the usual BM25 formula:
+only ever ranks the newest ``RANK_WINDOW`` matches of a scope (see ``lcm.backends``), so when a
+query word is in at least ``WINDOW_RANK_MIN_SHARE`` of all rows the SQLite backend scores those
+rows itself with the usual BM25 formula (for rarer words ``bm25()`` is cheap and is kept: its
+candidates are spread over the whole file, and reading each one's text here would cost more
+random reads than the doclists bm25() walks):
 
 - **term frequency**: occurrences of the term's first token in the case-folded head of the
   row's indexed body (``HEAD_CHARS``), at least 1 for a group the row matched (the index's
@@ -31,6 +34,8 @@ B = 0.75
 HEAD_CHARS = 4_000
 #: Newest matches sampled per term to estimate its document frequency.
 DF_SAMPLE = 256
+#: A query with a word in at least this share of all rows is ranked here, not by bm25().
+WINDOW_RANK_MIN_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
