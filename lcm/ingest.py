@@ -192,11 +192,12 @@ class Ingestor:
         lo = max(1, min(view_from, session.last_seq - n - WINDOW_SLACK + 1))
         metas = self.store.message_metas(session.id, first_seq=lo, last_seq=session.last_seq)
         anchor = metas[-1].identity if metas else None
+        stored = [meta_key(meta) for meta in metas]
         positions: dict[str, list[int]] = {}
-        for j, meta in enumerate(metas):
-            positions.setdefault(meta_key(meta), []).append(j)
+        for j, key in enumerate(stored):
+            positions.setdefault(key, []).append(j)
         keys = [message_key(m, hashes[i]) for i, m in enumerate(conversation)]
-        start = _alignment_start(keys, [meta_key(m) for m in metas], positions)
+        start = _alignment_start(keys, stored, positions)
         first, p = start if start is not None else (n, 0)
         last_matched = -1
         for i in range(first, n):
