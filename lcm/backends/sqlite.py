@@ -124,8 +124,8 @@ class SQLiteBackend(Backend):
             rows = conn.execute(text(sql), {"match": match, "want": want}).all()
             clamped = spec.ranked and len(rows) >= want
         else:
-            base, ts_col = (("lcm_messages", "ts") if kind == "messages" else ("lcm_summaries", "latest_at"))
-            filters, params = post_filters(spec, ts_col)
+            base = _BASE[kind]
+            filters, params = post_filters(spec, "ts" if kind == "messages" else "latest_at")
             params.update({"match": match, "want": want, "cap": spec.scan_cap})
             sql = (
                 f"WITH c AS (SELECT rowid AS id, {score} AS score FROM {fts} WHERE {fts} MATCH :match "
