@@ -97,13 +97,17 @@ def _write_cached_spec(name: str, spec: dict[str, Any]) -> None:
     path = _cache_file(name)
     if path is None:
         return
+    tmp_name = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False) as tmp:
+            tmp_name = tmp.name
             tmp.write(marshal.dumps(spec))
-        os.replace(tmp.name, path)  # readers see the old file or the whole new one
+        os.replace(tmp_name, path)  # readers see the old file or the whole new one
     except (OSError, ValueError) as exc:
         log.debug("tokenizer cache not written to %s: %s", path, exc)
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)  # no half-written leftovers in the cache
 
 
 def _load_without_network(name: str):
