@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from lcm.messages import message_text
+from lcm.messages import clean_message, message_text
 from lcm.records import MessageRecord, SummaryRecord
 from lcm.tokens import TokenCounter
 from lcm.transcript import COMPRESSED_SUMMARY_KEY, SUMMARY_ACK, SUMMARY_END, SUMMARY_MARKER
@@ -124,7 +124,7 @@ def assemble(
 
     def build(start: int, keep_nodes: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict], int]:
         omitted = omitted_at(start)
-        out: list[dict[str, Any]] = [dict(system)] if system is not None else []
+        out: list[dict[str, Any]] = [clean_message(system)] if system is not None else []
         total = overhead + sys_tokens + sum(raw_tokens[start:])
         if keep_nodes or omitted or dropped:
             summary = render_summary_message(keep_nodes, carried_ids, omitted, dropped)

@@ -28,7 +28,7 @@ from lcm.assembly import Assembly, assemble, summary_message_cost
 from lcm.compaction import Compactor, Outcome, tail_start_index
 from lcm.config import LcmConfig
 from lcm.db import default_sqlite_path
-from lcm.errors import InvalidMessageError, LcmError, NotFoundError
+from lcm.errors import DatabaseUnavailableError, InvalidMessageError, LcmError, NotFoundError
 from lcm.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.ingest import IngestResult, Ingestor
 from lcm.messages import message_text
@@ -36,7 +36,7 @@ from lcm.records import CompactionView, SessionRecord
 from lcm.store import Store
 from lcm.summarize import Summarizer
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
-from lcm.transcript import is_lcm_summary, is_real_user, role_of, split_transcript
+from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
 
 log = logging.getLogger("lcm")
 
@@ -67,6 +67,10 @@ class LcmEngine(ContextEngineBase):
         self._inside_hermes = HERMES_AVAILABLE and (self._hermes_home is not None or
                                                     kwargs.get("inside_hermes", False))
         self._session: SessionRecord | None = None
+        #: A host session start that failed (database down, locked): retried on next use, so
+        #: the host's messages never land in another session meanwhile.
+        self._pending_start: tuple[str, dict[str, Any]] | None = None
+        self._own: OwnMessages | None = None
         self._ingestor: Ingestor | None = None
         self._carry_from: int | None = None
         self._overhead = 0
@@ -125,9 +129,17 @@ class LcmEngine(ContextEngineBase):
         return self._summarizer
 
     @property
+    def own_messages(self) -> OwnMessages:
+        """Recognises the messages lcm generated (by digest, never by their text)."""
+        if self._own is None:
+            agent = self.agent_id
+            self._own = OwnMessages(lambda digests: self.store.generated(agent, digests))
+        return self._own
+
+    @property
     def ingestor(self) -> Ingestor:
         if self._ingestor is None:
-            self._ingestor = Ingestor(self.store)
+            self._ingestor = Ingestor(self.store, own=self.own_messages)
         return self._ingestor
 
     @property
@@ -148,7 +160,12 @@ class LcmEngine(ContextEngineBase):
 
     @property
     def session(self) -> SessionRecord:
-        """The bound session (bound to ``default`` when the host never started one)."""
+        """The bound session. A host session start that failed is retried here (and raises
+        again while the database is still unavailable): the host's messages never go to
+        another session. Bound to ``default`` only when the host never started one."""
+        if self._session is None and self._pending_start is not None:
+            session_id, kwargs = self._pending_start
+            self._start_session(session_id, kwargs)
         if self._session is None:
             self._session = self.store.get_or_create_session(self.agent_id, DEFAULT_SESSION_KEY)
         return self._session
@@ -158,6 +175,8 @@ class LcmEngine(ContextEngineBase):
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:
         try:
             with self._lock:
+                self._session = None
+                self._pending_start = (session_id, dict(kwargs))
                 self._start_session(session_id, kwargs)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self._failed("on_session_start", exc)
@@ -169,6 +188,11 @@ class LcmEngine(ContextEngineBase):
             return self.session
 
     def _start_session(self, session_id: str, kwargs: dict[str, Any]) -> None:
+        self._pending_start = (session_id, dict(kwargs))
+        self._bind_session(session_id, kwargs)
+        self._pending_start = None
+
+    def _bind_session(self, session_id: str, kwargs: dict[str, Any]) -> None:
         home = hermes_home_from(kwargs)
         if home is not None and self._hermes_home is None and self._store is None:
             self._hermes_home = home
@@ -215,8 +239,9 @@ class LcmEngine(ContextEngineBase):
         except Exception as exc:  # noqa: BLE001
             self._failed("carry_over_new_session_context", exc)
 
-    def on_session_reset(self) -> None:
+    def on_session_reset(self, **kwargs: Any) -> None:
         with self._lock:
+            self._pending_start = None
             super().on_session_reset()
             if self._session is not None:
                 self._carry_from = self._session.id
@@ -226,7 +251,8 @@ class LcmEngine(ContextEngineBase):
             self._last_outcome = None
             self._handed = None
 
-    def on_session_end(self, session_id: str, messages: list[dict[str, Any]]) -> None:
+    def on_session_end(self, session_id: str, messages: list[dict[str, Any]] | None = None,
+                       **kwargs: Any) -> None:
         try:
             with self._lock:
                 target = self._session
@@ -248,7 +274,7 @@ class LcmEngine(ContextEngineBase):
             self._failed("on_turn_complete", exc)
 
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: str = "",
-                     provider: str = "", api_mode: str = "") -> None:
+                     provider: str = "", api_mode: str = "", **kwargs: Any) -> None:
         self.model = model or self.model
         self.context_length = int(context_length or 0)
         self.threshold_tokens = int(self.context_length * self.threshold_percent)
@@ -289,7 +315,7 @@ class LcmEngine(ContextEngineBase):
     def has_content_to_compress(self, messages: list[dict[str, Any]]) -> bool:
         """Is anything in this transcript outside the fresh tail (or ready to condense)?"""
         try:
-            _, conversation = split_transcript(messages)
+            _, conversation = split_transcript(messages, self.own_messages)
             roles = [role_of(m) for m in conversation]
             sizes = [len(message_text(m)) // CHARS_PER_TOKEN_ESTIMATE + 4 if isinstance(m, Mapping)
                      else 0 for m in conversation]
@@ -339,7 +365,7 @@ class LcmEngine(ContextEngineBase):
             return messages
         session = seen.session
         sys_tokens = self.tokens.count_message_text(message_text(seen.system)) if seen.system else 0
-        own_summaries = [m for m in messages if is_lcm_summary(m)]
+        own_summaries = [m for m in messages if self.own_messages(m)]
         input_tokens = sys_tokens + sum(seen.token_counts) + sum(
             self.tokens.count_message_text(message_text(m)) for m in own_summaries)
         host_total = current_tokens if current_tokens else (
@@ -351,10 +377,14 @@ class LcmEngine(ContextEngineBase):
         # Nothing could be done at this size: should_compress stops promising until it grows.
         self._stalled_at = self._overhead + input_tokens if (
             outcome.passes == 0 and outcome.status == "stopped") else None
+        host_size = self._overhead + input_tokens
+        cap = self.assembly_cap
         if outcome.passes == 0 and self._extends_handed(messages):
             # Nothing compacted and the host holds what lcm last handed over plus new
             # messages: assembling again would give back exactly this list.
-            self._record(outcome.as_dict())
+            kept = outcome.as_dict()
+            kept["over_budget"] = bool(cap) and host_size > cap
+            self._record(kept)
             return messages
         view = self.store.compaction_view(session.id)
         session = self._session = view.session
@@ -370,9 +400,11 @@ class LcmEngine(ContextEngineBase):
         if out == list(messages) or assembly.tokens >= self._overhead + input_tokens:
             if out != list(messages):
                 result["reason"] += "; the assembled context would not be smaller: the host keeps its own"
-                self._stalled_at = self._overhead + input_tokens
+                self._stalled_at = host_size
             else:
                 self._handed = list(messages)
+            # What the host keeps is what it sends: over the cap is over budget, whatever the reason.
+            result["over_budget"] = bool(result["over_budget"]) or (bool(cap) and host_size > cap)
             self._record(result)
             return messages
         self.compression_count += 1
@@ -463,7 +495,14 @@ class LcmEngine(ContextEngineBase):
         return next((m.seq for m in metas[cut:] if m.role == "assistant"), tail_start)
 
     def _hand_over(self, session: SessionRecord, assembly: Assembly) -> None:
-        """The host now holds ``assembly``: remember where its transcript resumes."""
+        """The host now holds ``assembly``: remember the messages lcm generated for it (so
+        they are known as lcm's own when they come back, in this process or another) and
+        where its transcript resumes."""
+        verbatim = {id(r.message) for r in assembly.included}
+        digests = [d for d in (generated_digest(m) for m in assembly.messages
+                               if id(m) not in verbatim) if d is not None]
+        self.store.remember_generated(self.agent_id, digests)
+        self.own_messages.add(digests)
         first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
         self.store.set_host_view(session.id, first)
         self.ingestor.remember(self.store.get_session(session.id), assembly.included, assembly.messages)
@@ -520,6 +559,10 @@ class LcmEngine(ContextEngineBase):
                     except InvalidMessageError as exc:
                         log.warning("lcm: could not store the live transcript: %s", exc)
                 return run_tool(self, name, args)
+        except DatabaseUnavailableError as exc:
+            self._failed(f"tool {name}", exc)
+            return json.dumps({"error": f"{name}: the lcm database is unavailable right now ({exc}); "
+                                        "nothing was lost, try again shortly"})
         except Exception as exc:  # noqa: BLE001 - a tool never raises into the host
             self._failed(f"tool {name}", exc)
             return json.dumps({"error": f"{name} failed inside lcm: {type(exc).__name__}: {exc}"})

@@ -1,88 +1,146 @@
-"""Ingest: store each message of a host transcript exactly once.
+"""Ingest: store each message of a host transcript exactly once, whoever else writes.
 
 The host hands lcm its live transcript again and again: the whole conversation before any
 compaction, lcm's own summary plus the verbatim messages after it once lcm has compacted, the
-whole persisted history after a restart, the same list from a second engine on the same
-database. :class:`Ingestor` works out which of those messages are already stored and appends
-only the rest, at the end of the session, in one transaction.
+whole persisted history after a restart, the same conversation from a second host (a gateway
+and a CLI resuming one session, a host and ``lcm ingest``). :class:`Ingestor` works out which
+of those messages are already stored and stores only the rest, in one transaction.
 
-Alignment. The transcript without its system prompt and without lcm's summary messages is
-matched, in order, against a window of the session's newest stored messages (reaching back to
-where the host's view starts, ``host_view_seq``, recorded when lcm last returned a context): by
-content hash, allowing the host to have dropped stored messages (bounded look-ahead). The first
-match may be anywhere in the window (a host resumed with only the tail of a long session): it
-is the pairing that starts the longest run of consecutive matches. Messages after the last match are
-new. A message that does not match but sits before matched ones (the host inserted or edited
-something mid-transcript) is treated as new only if its content is nowhere in the view: lcm
-never loses what the host holds, and never stores a copy of what it already has.
+What is not stored: the leading system prompt (the host rebuilds it every turn), the messages
+lcm generated itself (recognised by digest, ``lcm.transcript.OwnMessages``), the host's
+ephemeral retry scaffolding, and a message that cannot be stored at all (not a JSON object, no
+usable role): that one is skipped, counted on the session (``skipped_count``) and logged once,
+and the rest of the transcript is stored as usual. A value JSON cannot hold never stops a
+message: it is stored as well as it can be, with the change recorded on the row.
+
+Alignment, decided under the lock of the session's family (``Store.session_family``: a row
+lock on PostgreSQL, the write lock on SQLite), against what is stored, never against this
+process's memory alone. The transcript is matched against the stored history (the session's
+newest messages, reaching back to where the host's view starts, ``host_view_seq``, and for a
+fork into its parent's messages up to the fork point):
+
+* its first matching message is the start of the longest run of consecutive matches (a host
+  resumed with the tail of a long session starts anywhere); earlier messages the store does
+  not know (a host inserted them) are new;
+* from there messages must match the stored history one for one. The first one that does not
+  is where the transcript goes its own way. If the stored history ends there, the rest is new
+  and is appended. If the stored history goes on (another writer stored something else after
+  the last message both share), the transcript has **diverged**: the rest continues an
+  existing fork of that session at that point when one starts with the same message, else it
+  becomes a new fork (a session ``<key>/fork-N`` whose ``parent_id`` / ``fork_seq`` name the
+  parent and the last shared message). Nothing is interleaved, dropped or stored twice;
+* a transcript that stops before the end of the stored history (a host that is behind
+  another) adds nothing.
 
 Cost. A turn costs O(new messages): the ingestor remembers, per session, the exact message
-objects it matched last time (the host keeps appending to the same list), so the usual call
-compares object identity for the old prefix, encodes only the new messages and reads one session
-row. Another writer having appended in between (the session's ``last_seq`` moved) sends it back
-to full alignment, which is bounded by the length of the host's transcript, never the history.
+objects it matched last time (the host keeps appending to the same list) and, when the
+transcript's last message is the session's last stored one, appends the new messages with a
+compare-and-set on the session's ``last_seq``. Anything else (another writer appended in
+between, the host changed its list) goes to full alignment under the lock, bounded by the
+length of the host's transcript, never the history.
 """
 
 from __future__ import annotations
 
-import bisect
+import hashlib
 import logging
 import operator
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lcm.errors import ConcurrentUpdateError
-from lcm.messages import content_hash, message_uid, uid_identity
+from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
-from lcm.store import Store
+from lcm.store import PreparedMessage, Store
 from lcm.transcript import conversation_of, recall_call_ids, split_transcript
 
 log = logging.getLogger(__name__)
 
-#: How many stored messages the host may have dropped between two it kept.
-LOOKAHEAD = 64
 #: Where the transcript first meets the store is searched among this many of its first
 #: messages that have a stored match, each at this many (newest) stored positions.
+#: (Messages that repeat, such as "ok", have many stored positions: the newest are tried.)
 START_PROBES = 8
-START_CANDIDATES = 16
+START_CANDIDATES = 256
 #: Stored messages read for alignment beyond the transcript's own length.
 WINDOW_SLACK = 256
+#: How many forks deep one alignment follows (a fork of a fork of ...).
+MAX_FOLLOW = 32
+#: Kept for callers that tuned against the old look-ahead rule (no longer used: a transcript
+#: that skips stored messages has diverged from them).
+LOOKAHEAD = 64
 
 
 @dataclass
 class IngestResult:
     """What one ingest call saw and did."""
 
-    session: SessionRecord
+    session: SessionRecord  # where the transcript lives now (a fork when it diverged)
     system: Mapping[str, Any] | None
-    conversation: list[Mapping[str, Any]]
+    conversation: list[Mapping[str, Any]]  # the stored (storable) conversation messages
     store_ids: list[int]  # one per conversation message
     token_counts: list[int]  # lcm's token count per conversation message
     new: int
-    summaries_seen: int  # lcm summary messages found (and not stored)
+    summaries_seen: int  # lcm's own messages found (and not stored)
+    skipped: int = 0  # messages that cannot be stored at all, in this transcript
+    forked: bool = False  # this call started a new fork
 
 
 @dataclass
 class _Seen:
-    objects: list[Any]  # the host's message objects (kept alive, so `is` comparisons are sound)
+    objects: list[Any]  # the host's storable conversation messages (kept alive: `is` is sound)
     store_ids: list[int]
     token_counts: list[int]
-    last_seq: int  # the session's last seq when this was recorded
-    last_identity: str  # the identity of that last stored message
     session: SessionRecord
-    new: int = 0  # messages stored by the call that recorded this
-    host: list[Any] = field(default_factory=list)  # the host's whole list, system and summary too
+    #: The seq of the transcript's last message when that is the session's last stored
+    #: message (the fast path may append after it), else None.
+    end_seq: int | None
+    end_identity: str
+    new: int = 0
+    host: list[Any] = field(default_factory=list)  # the host's whole list, system and lcm's too
     system: Any = None
-    summaries: int = 0  # lcm summary messages in ``host``
-    recall: frozenset[str] = frozenset()  # ids of calls to lcm's own tools seen so far
+    summaries: int = 0
+    recall: frozenset[str] = frozenset()
+    skipped: int = 0
+    forked: bool = False
+
+
+@dataclass
+class _Plan:
+    """Where each transcript message is stored, decided from one read of the stored state."""
+
+    mapped: list[int | None]
+    tokens: list[int | None]
+    new_idx: list[int]
+    target: SessionRecord  # the session new messages go to (or the parent of a new fork)
+    anchor: str  # identity new messages chain after
+    fork_seq: int | None  # not None: start a fork of ``target`` after this seq
+    end_store_id: int | None  # the store id of ``target``'s last stored message
+
+
+class _Reader:
+    """The reads alignment needs, outside a transaction (the optimistic first plan)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def session(self, pk: int) -> SessionRecord:
+        return self.store.get_session(pk)
+
+    def metas(self, pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]:
+        return self.store.message_metas(pk, first_seq=first_seq, last_seq=last_seq)
+
+    def forks(self, pk: int, fork_seq: int) -> list[SessionRecord]:
+        return self.store.forks(pk, fork_seq)
 
 
 @dataclass
 class Ingestor:
     store: Store
+    own: Callable[[Any], bool] = field(default=lambda m: False)
     _cache: dict[int, _Seen] = field(default_factory=dict)
+    _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def forget(self, session_pk: int | None = None) -> None:
@@ -96,19 +154,17 @@ class Ingestor:
         """Record the transcript the host now holds: ``host`` is the context lcm just returned
         and ``records`` its verbatim messages (their ``message`` objects, which the host keeps
         appending after)."""
-        system, conversation = split_transcript(host)
+        system, conversation = split_transcript(host, self.own)
+        tail = self.store.tail(session.id, 1)
+        end = tail[-1] if tail else None
+        extendable = end is not None and bool(records) and records[-1].store_id == end.store_id
+        objects = [r.message for r in records]
         with self._lock:
-            previous = self._cache.get(session.id)
-            if previous is not None and previous.last_seq == session.last_seq:
-                last_identity = previous.last_identity
-            else:
-                tail = self.store.tail(session.id, 1)
-                last_identity = tail[0].identity if tail else ""
-            objects = [r.message for r in records]
             self._cache[session.id] = _Seen(
-                objects=objects,
-                store_ids=[r.store_id for r in records], token_counts=[r.token_count for r in records],
-                last_seq=session.last_seq, last_identity=last_identity, session=session,
+                objects=objects, store_ids=[r.store_id for r in records],
+                token_counts=[r.token_count for r in records], session=session,
+                end_seq=end.seq if extendable and end else None,
+                end_identity=end.identity if extendable and end else "",
                 host=list(host), system=system,
                 summaries=len(host) - len(conversation) - (1 if system is not None else 0),
                 recall=recall_call_ids(objects))
@@ -117,116 +173,228 @@ class Ingestor:
         with self._lock:
             seen = self._cache.get(session_pk)
             if seen is not None and seen.host and _common_prefix(seen.host, messages) == len(seen.host):
-                # The host appended to the list lcm saw last: only the appended part is read.
-                appended = list(messages[len(seen.host):])
-                extra = conversation_of(appended)
-                fast = self._extend(session_pk, seen, seen.objects + extra)
+                fast = self._extend(seen, list(messages[len(seen.host):]))
                 if fast is not None:
                     fast.host, fast.system = list(messages), seen.system
-                    fast.summaries = seen.summaries + len(appended) - len(extra)
                     return self._result(fast)
-            system, conversation = split_transcript(messages)
-            summaries = len(messages) - len(conversation) - (1 if system is not None else 0)
-            seen = self._ingest(session_pk, conversation)
-            seen.host, seen.system, seen.summaries = list(messages), system, summaries
+            seen = self._ingest(session_pk, messages)
             return self._result(seen)
 
-    def _ingest(self, session_pk: int, conversation: list[Any]) -> _Seen:
-        """Full alignment of the transcript against the stored session."""
-        session = self.store.get_session(session_pk)
-        hashes = [_hash(m) for m in conversation]
-        recall = recall_call_ids(conversation)
-        mapped, tokens, new_idx, anchor = self._align(session, conversation, hashes)
-        if new_idx:
-            result = self.store.append_messages(
-                session_pk, [conversation[i] for i in new_idx], after_identity=anchor or None,
-                recall_call_ids=recall)
-            for i, sid, tok in zip(new_idx, result.store_ids, result.token_counts, strict=True):
-                mapped[i], tokens[i] = sid, tok
-            session, anchor = result.session, result.last_identity
-            if result.inserted:
-                log.debug("lcm ingest: %d new message(s) in session %s", result.inserted, session.session_key)
-        seen = _Seen(list(conversation), [int(s) for s in mapped], [int(t or 0) for t in tokens],
-                     session.last_seq, anchor or "", session, len(new_idx), recall=recall)
-        self._cache[session_pk] = seen
-        return seen
+    # ------------------------------------------------------------------ the fast path
 
-    def _extend(self, session_pk: int, seen: _Seen, conversation: list[Any]) -> _Seen | None:
-        """The host appended to the transcript lcm saw last: store just the new messages,
-        provided nobody else wrote to the session meanwhile (else None: align again)."""
-        new = conversation[len(seen.objects):]
-        if not new:  # nothing new: stored messages never change, no database work at all
-            return _Seen(seen.objects, seen.store_ids, seen.token_counts,
-                         seen.last_seq, seen.last_identity, seen.session, 0, recall=seen.recall)
-        recall = seen.recall | recall_call_ids(new)
+    def _extend(self, seen: _Seen, appended: list[Any]) -> _Seen | None:
+        """The host appended to the transcript lcm saw last: store just the new messages, if
+        the transcript ended at the session's last message and nobody wrote since (else None:
+        align again)."""
+        extra = conversation_of(appended, self.own)
+        summaries = seen.summaries + len(appended) - len(extra)
+        good, bad = _partition(extra)
+        skipped = self._note_skipped(seen.session, bad)
+        if not good:
+            if skipped:
+                self.store.add_skipped(seen.session.id, skipped)
+            return _Seen(seen.objects, seen.store_ids, seen.token_counts, seen.session,
+                         seen.end_seq, seen.end_identity, 0, summaries=summaries,
+                         recall=seen.recall, skipped=seen.skipped + len(bad))
+        if seen.end_seq is None:
+            return None
+        recall = seen.recall | recall_call_ids(good)
         try:
-            result = self.store.append_messages(session_pk, new, after_identity=seen.last_identity or None,
-                                                expect_last_seq=seen.last_seq, recall_call_ids=recall)
+            result = self.store.append_messages(
+                seen.session.id, good, after_identity=seen.end_identity or None,
+                expect_last_seq=seen.end_seq, recall_call_ids=recall)
         except ConcurrentUpdateError:
             return None
-        extended = _Seen(conversation, seen.store_ids + list(result.store_ids),
-                         seen.token_counts + list(result.token_counts), result.session.last_seq,
-                         result.last_identity, result.session, len(new), recall=recall)
-        self._cache[session_pk] = extended
+        if skipped:
+            self.store.add_skipped(seen.session.id, skipped)
+        extended = _Seen(seen.objects + good, seen.store_ids + list(result.store_ids),
+                         seen.token_counts + list(result.token_counts), result.session,
+                         result.session.last_seq, result.last_identity, len(good),
+                         summaries=summaries, recall=recall, skipped=seen.skipped + len(bad))
+        self._cache[result.session.id] = extended
         if result.inserted:
             log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,
                       result.session.session_key)
         return extended
 
+    # ------------------------------------------------------------------ full alignment
+
+    def _ingest(self, session_pk: int, messages: Sequence[Any]) -> _Seen:
+        system, conversation = split_transcript(messages, self.own)
+        summaries = len(messages) - len(conversation) - (1 if system is not None else 0)
+        good, bad = _partition(conversation)
+        keys = [message_key(m, content_hash(m)) for m in good]
+        recall = recall_call_ids(good)
+        # A first plan from a plain read: its new messages are encoded outside the lock, the
+        # expensive part of a write. The plan that counts is made again under the lock.
+        guess = _plan(_Reader(self.store), session_pk, keys)
+        prepared: dict[int, PreparedMessage] = dict(zip(
+            guess.new_idx, self.store.prepare([good[i] for i in guess.new_idx], recall), strict=True))
+        with self.store.session_family(session_pk) as writer:
+            plan = _plan(writer, session_pk, keys)
+            missing = [i for i in plan.new_idx if i not in prepared]
+            if missing:
+                prepared.update(zip(missing, self.store.prepare([good[i] for i in missing], recall),
+                                    strict=True))
+            target, forked = plan.target, False
+            if plan.new_idx and plan.fork_seq is not None:
+                target, forked = writer.create_fork(plan.target, plan.fork_seq), True
+            end_id, end_identity = plan.end_store_id, plan.anchor
+            if plan.new_idx:
+                result = writer.append(target.id, [prepared[i] for i in plan.new_idx],
+                                       after_identity=plan.anchor or None)
+                for i, sid, tok in zip(plan.new_idx, result.store_ids, result.token_counts, strict=True):
+                    plan.mapped[i], plan.tokens[i] = sid, tok
+                target, end_id, end_identity = result.session, result.store_ids[-1], result.last_identity
+            skipped = self._note_skipped(target, bad)
+            writer.add_skipped(target.id, skipped)
+            if skipped:
+                target = writer.session(target.id)
+        if forked:
+            self._carry_into_fork(target)
+            log.warning("lcm ingest: the transcript diverged from session %s after its message %d "
+                        "(another writer stored something else there); it continues in the fork %s",
+                        plan.target.session_key, plan.fork_seq, target.session_key)
+        if plan.new_idx:
+            log.debug("lcm ingest: %d new message(s) in session %s", len(plan.new_idx), target.session_key)
+        last = plan.mapped[-1] if plan.mapped else None
+        extendable = last is not None and last == end_id
+        seen = _Seen(list(good), [int(s) for s in plan.mapped], [int(t or 0) for t in plan.tokens],
+                     target, target.last_seq if extendable else None,
+                     end_identity if extendable else "", len(plan.new_idx),
+                     host=list(messages), system=system, summaries=summaries, recall=recall,
+                     skipped=len(bad), forked=forked)
+        self._cache[target.id] = seen
+        return seen
+
+    def _carry_into_fork(self, fork: SessionRecord) -> None:
+        """A fork's context starts with the parent's summaries of what the two share."""
+        if fork.parent_id is None or fork.fork_seq is None:
+            return
+        nodes = self.store.carried_summaries(fork.parent_id) + [
+            n for n in self.store.uncondensed_summaries(fork.parent_id) if n.last_seq <= fork.fork_seq]
+        if nodes:
+            self.store.carry_summaries(fork.id, [n.id for n in nodes])
+
+    def _note_skipped(self, session: SessionRecord, bad: Sequence[Any]) -> int:
+        """Log each message that cannot be stored once (per process); how many are new."""
+        if not bad:
+            return 0
+        known = self._bad.setdefault(session.id, set())
+        fresh = 0
+        for message in bad:
+            mark = hashlib.sha256(repr(message).encode("utf-8", "backslashreplace")).hexdigest()
+            if mark in known:
+                continue
+            known.add(mark)
+            fresh += 1
+            log.warning("lcm ingest: a message of session %s cannot be stored (%s); it is skipped, "
+                        "the rest of the transcript is stored", session.session_key,
+                        unstorable_reason(message))
+        return fresh
+
     @staticmethod
     def _result(seen: _Seen) -> IngestResult:
         return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
                             store_ids=seen.store_ids, token_counts=seen.token_counts,
-                            new=seen.new, summaries_seen=seen.summaries)
+                            new=seen.new, summaries_seen=seen.summaries, skipped=seen.skipped,
+                            forked=seen.forked)
 
-    def _align(self, session: SessionRecord, conversation: Sequence[Any], hashes: Sequence[str]):
-        """Match the transcript against the stored view; returns (ids, tokens, new indexes, anchor)."""
-        n = len(conversation)
-        mapped: list[int | None] = [None] * n
-        tokens: list[int | None] = [None] * n
-        if session.last_seq == 0:
-            return mapped, tokens, list(range(n)), None
-        # The window holds at least as many stored messages as the transcript (plus slack), and
-        # reaches back to where the host's view starts when that is further.
-        view_from = max(1, session.host_view_seq or 1)
-        lo = max(1, min(view_from, session.last_seq - n - WINDOW_SLACK + 1))
-        metas = self.store.message_metas(session.id, first_seq=lo, last_seq=session.last_seq)
-        anchor = metas[-1].identity if metas else None
-        stored = [meta_key(meta) for meta in metas]
-        positions: dict[str, list[int]] = {}
-        for j, key in enumerate(stored):
-            positions.setdefault(key, []).append(j)
-        keys = [message_key(m, hashes[i]) for i, m in enumerate(conversation)]
-        start = _alignment_start(keys, stored, positions)
-        first, p = start if start is not None else (n, 0)
-        last_matched = -1
-        for i in range(first, n):
-            key = keys[i]
-            candidates = positions.get(key, ())
-            k = bisect.bisect_left(candidates, p)
-            if k < len(candidates) and candidates[k] - p <= LOOKAHEAD:
-                j = candidates[k]
-                mapped[i], tokens[i] = metas[j].store_id, metas[j].token_count
-                p = j + 1
-                last_matched = i
-        new_idx = []
-        older: dict[str, MessageMeta] | None = None
-        for i in range(n):
-            if mapped[i] is not None:
-                continue
-            key = keys[i]
-            if i < last_matched:
-                if key not in positions and older is None and lo > 1:
-                    older = {meta_key(m): m for m in self.store.message_metas(
-                        session.id, first_seq=1, last_seq=lo - 1)}  # rare: a full look-up
-                known = metas[positions[key][0]] if key in positions else (older or {}).get(key)
-                if known is not None:  # a stored message the host moved or kept: not new
-                    mapped[i], tokens[i] = known.store_id, known.token_count
-                    continue
-                log.info("lcm ingest: session %s: a message the host inserted mid-transcript is "
-                         "stored at the end", session.session_key)
-            new_idx.append(i)
-        return mapped, tokens, new_idx, anchor
+
+# --------------------------------------------------------------------------- planning
+
+
+class _Lineage:
+    """The stored history a transcript is matched against: a window of the session's newest
+    messages and, for a fork whose window reaches its start, its ancestors' messages up to
+    the fork point; with the session each message belongs to."""
+
+    def __init__(self) -> None:
+        self.metas: list[MessageMeta] = []
+        self.owners: list[SessionRecord] = []
+
+    def extend_front(self, owner: SessionRecord, metas: list[MessageMeta]) -> None:
+        self.metas[:0] = metas
+        self.owners[:0] = [owner] * len(metas)
+
+
+def _lineage(reader: Any, session: SessionRecord, want: int) -> _Lineage:
+    lineage = _Lineage()
+    view_from = max(1, session.host_view_seq or 1)
+    lo = max(1, min(view_from, session.last_seq - want + 1))
+    lineage.extend_front(session, reader.metas(session.id, lo, session.last_seq))
+    current, depth = session, 0
+    while lo == 1 and current.parent_id is not None and current.fork_seq and depth < MAX_FOLLOW:
+        parent = reader.session(current.parent_id)
+        lo = max(1, current.fork_seq - max(0, want - len(lineage.metas)) + 1)
+        lineage.extend_front(parent, reader.metas(parent.id, lo, current.fork_seq))
+        current, depth = parent, depth + 1
+    return lineage
+
+
+def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
+    session = reader.session(session_pk)
+    n = len(keys)
+    mapped: list[int | None] = [None] * n
+    tokens: list[int | None] = [None] * n
+    lineage = _lineage(reader, session, n + WINDOW_SLACK) if session.last_seq or session.parent_id else _Lineage()
+    metas, owners = lineage.metas, lineage.owners
+    stored = [meta_key(m) for m in metas]
+    end_store_id = metas[-1].store_id if metas else None
+    anchor = metas[-1].identity if metas else ""
+    if not metas:
+        return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
+    positions: dict[str, list[int]] = {}
+    for j, key in enumerate(stored):
+        positions.setdefault(key, []).append(j)
+    start = _alignment_start(keys, stored, positions)
+    if start is None:  # nothing in the transcript is stored: it all follows the stored history
+        return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
+    first, p = start
+    i = first
+    target, fork_seq = session, None
+    for _ in range(MAX_FOLLOW):
+        while i < n and p < len(stored) and keys[i] == stored[p]:
+            mapped[i], tokens[i] = metas[p].store_id, metas[p].token_count
+            i, p = i + 1, p + 1
+        if i == n or p == len(stored):
+            target = owners[-1] if owners else target
+            anchor = metas[-1].identity if metas else anchor
+            end_store_id = metas[-1].store_id if metas else end_store_id
+            break
+        # Diverged after stored position p - 1: continue a fork that starts the same way, or
+        # start one.
+        owner, shared = owners[p - 1], metas[p - 1]
+        follow = None
+        for fork in reader.forks(owner.id, shared.seq):
+            head = reader.metas(fork.id, 1, min(fork.last_seq, n - i + 1))
+            if head and meta_key(head[0]) == keys[i]:
+                follow = (fork, head)
+                break
+        if follow is None:
+            target, fork_seq, anchor = owner, shared.seq, shared.identity
+            end_store_id = None
+            break
+        fork, head = follow
+        metas, owners, stored, p = head, [fork] * len(head), [meta_key(m) for m in head], 0
+    new_idx = [i for i in range(n) if mapped[i] is None]
+    # Messages before the alignment start that the store knows elsewhere (the host kept or
+    # moved them) are not new.
+    known = {stored_key: m for stored_key, m in zip((meta_key(m) for m in lineage.metas), lineage.metas)}
+    older: dict[str, MessageMeta] | None = None
+    for i in [i for i in new_idx if i < first]:
+        hit = known.get(keys[i])
+        if hit is None and lineage.metas and lineage.metas[0].seq > 1 and older is None:
+            older = {meta_key(m): m for m in reader.metas(session.id, 1, lineage.metas[0].seq - 1)
+                     } if lineage.owners[0].id == session.id else {}
+        hit = hit or (older or {}).get(keys[i])
+        if hit is not None:
+            mapped[i], tokens[i] = hit.store_id, hit.token_count
+        else:
+            log.info("lcm ingest: session %s: a message the host holds before the stored ones it "
+                     "continues is stored at the end", session.session_key)
+    new_idx = [i for i in range(n) if mapped[i] is None]
+    return _Plan(mapped, tokens, new_idx, target, anchor, fork_seq, end_store_id)
 
 
 def _alignment_start(keys: Sequence[str], stored: Sequence[str],
@@ -257,8 +425,12 @@ def _alignment_start(keys: Sequence[str], stored: Sequence[str],
     return None if best is None else (-best[1], best[2])
 
 
-def _hash(message: Any) -> str:
-    return content_hash(message) if isinstance(message, Mapping) else ""
+def _partition(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """(messages that can be stored, messages that cannot be stored at all)."""
+    good, bad = [], []
+    for m in messages:
+        (bad if unstorable_reason(m) is not None else good).append(m)
+    return good, bad
 
 
 def message_key(message: Any, digest: str) -> str:
@@ -282,3 +454,5 @@ def _common_prefix(old: Sequence[Any], new: Sequence[Any]) -> int:
     while i < n and old[i] is new[i]:
         i += 1
     return i
+
+

@@ -15,10 +15,12 @@ payload (deduplicated by hash), so a 50 MB tool result is stored once.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +38,15 @@ ROLE_MAX_CHARS = 64
 SHORT_FIELD_MAX_CHARS = 255
 #: A host ``message_uid`` longer than this is hashed to form the identity.
 UID_MAX_CHARS = 120
+
+#: Values nested deeper than this are not stored (JSON encoders and decoders recurse); the
+#: message is stored with the deep part replaced by a marker, and says so in its ``problem``.
+MAX_NESTING = 200
+#: Hermes' ephemeral retry scaffolding: the host pops these messages itself and never persists
+#: them (``run_agent._EPHEMERAL_SCAFFOLDING_FLAGS``); lcm does not store them either, or a
+#: transcript that dropped one would look like a diverging one.
+EPHEMERAL_FLAGS = ("_empty_recovery_synthetic", "_empty_terminal_sentinel", "_thinking_prefill",
+                   "_verification_stop_synthetic", "_pre_verify_synthetic", "_kanban_stop_synthetic")
 
 CONTENT_TEXT = "text"
 CONTENT_JSON = "json"
@@ -60,6 +71,66 @@ class EncodedMessage:
     uid: str | None
     host_timestamp: float | None
     text: str  # plain text of content and tool calls: what search and token counts see
+    problem: str | None = None  # JSON list of what had to change to store the message
+
+
+def is_ephemeral(message: Any) -> bool:
+    """Host scaffolding that is never part of the conversation (see :data:`EPHEMERAL_FLAGS`)."""
+    return isinstance(message, Mapping) and any(message.get(f) for f in EPHEMERAL_FLAGS)
+
+
+def unstorable_reason(message: Any) -> str | None:
+    """Why ``message`` cannot be stored at all (None: it can). Everything else about a
+    message can be stored, if need be after :func:`make_storable`."""
+    if not isinstance(message, Mapping):
+        return f"not a JSON object but {type(message).__name__}"
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        return "no 'role' string"
+    if len(role) > ROLE_MAX_CHARS or not codec.is_clean(role):
+        return f"a 'role' of {len(role)} characters (at most {ROLE_MAX_CHARS} ordinary ones)"
+    return None
+
+
+def make_storable(message: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The message with every value JSON cannot hold replaced by the closest value it can
+    (datetimes in ISO-8601, bytes in base64, sets as lists, other objects as their ``str``),
+    and a list saying what was replaced where. Deterministic: the same message gives the same
+    result, so a host re-sending it is recognised."""
+    problems: list[str] = []
+
+    def fix(value: Any, path: str, depth: int) -> Any:
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            return value
+        if depth >= MAX_NESTING:
+            problems.append(f"{path}: nested deeper than {MAX_NESTING} levels; the rest is not stored")
+            return "[lcm: nested too deep to store]"
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                name = key if isinstance(key, str) else str(key)
+                if name is not key:
+                    problems.append(f"{path}: key {key!r} ({type(key).__name__}) stored as text")
+                out[name] = fix(item, f"{path}.{name}", depth + 1)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [fix(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+        kind = type(value).__name__
+        if isinstance(value, (dt.datetime, dt.date, dt.time)):
+            fixed: Any = value.isoformat()
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            fixed = base64.b64encode(bytes(value)).decode("ascii")
+        elif isinstance(value, (set, frozenset)):
+            fixed = sorted((fix(v, f"{path}[]", depth + 1) for v in value), key=repr)
+        else:
+            fixed = str(value)
+        problems.append(f"{path}: {kind} stored as {type(fixed).__name__}")
+        return fixed
+
+    fixed = {str(k): fix(v, str(k), 1) for k, v in message.items()}
+    return fixed, problems
 
 
 def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,8 +182,10 @@ def content_hash(message: Mapping[str, Any]) -> str:
     body = substance(message)
     try:
         canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessageError(f"message is not JSON-serialisable: {exc}") from exc
+    except (TypeError, ValueError, RecursionError):
+        # A value JSON cannot hold: hash what lcm stores for it (see make_storable).
+        canonical = json.dumps(substance(make_storable(message)[0]), sort_keys=True,
+                               ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:32]
 
 
@@ -241,7 +314,9 @@ def _short_column(value: Any, max_chars: int) -> str | None:
 
 
 def encode_message(message: Mapping[str, Any]) -> EncodedMessage:
-    """Split a host message into column values. Raises InvalidMessageError for non-messages."""
+    """Split a host message into column values. Raises InvalidMessageError for non-messages
+    (:func:`unstorable_reason`); a value JSON cannot hold is stored as well as it can be
+    (:func:`make_storable`), and the result's ``problem`` says what was changed."""
     msg = clean_message(message)
     role = msg.get("role")
     if not isinstance(role, str) or not role:
@@ -250,6 +325,15 @@ def encode_message(message: Mapping[str, Any]) -> EncodedMessage:
         raise InvalidMessageError(
             f"'role' must be at most {ROLE_MAX_CHARS} characters of ordinary text"
         )
+    try:
+        return _encode(msg)
+    except (InvalidMessageError, RecursionError):
+        fixed, problems = make_storable(msg)
+        return replace(_encode(fixed), problem=codec.encode_json(problems[:20]))
+
+
+def _encode(msg: dict[str, Any]) -> EncodedMessage:
+    role = msg["role"]
 
     extra: dict[str, Any] = {}
     tool_call_id = _short_column(msg.get("tool_call_id"), SHORT_FIELD_MAX_CHARS)

@@ -106,6 +106,13 @@ class Session(Base):
     #: tokens, kept with every summary write so "is compaction needed?" costs no query.
     summary_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     summary_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: A fork's parent session and the parent's last message the fork shares (0: none): a host
+    #: transcript that diverged from the stored history continues here (see ``lcm.ingest``).
+    #: No foreign key: SQLite cannot add one to an existing table; lcm never deletes a parent.
+    parent_id: Mapped[int | None] = mapped_column(IdType, index=True)
+    fork_seq: Mapped[int | None] = mapped_column(Integer)
+    #: Messages of this session lcm could not store at all (not a JSON object, no usable role).
+    skipped_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SessionAlias(Base):
@@ -132,6 +139,18 @@ class CarriedSummary(Base):
     session_id: Mapped[int] = mapped_column(ForeignKey("lcm_sessions.id"), primary_key=True)
     summary_id: Mapped[int] = mapped_column(ForeignKey("lcm_summaries.id"), primary_key=True)
     ordinal: Mapped[int] = mapped_column(Integer)
+
+
+class Generated(Base):
+    """A message lcm generated and put into a context (its summary, its acknowledgement), by
+    digest: when a host sends one back, lcm knows it as its own by this, never by its text
+    (a user may paste text that looks like lcm's summary; that is a message to store)."""
+
+    __tablename__ = "lcm_generated"
+
+    agent_id: Mapped[int] = mapped_column(ForeignKey("lcm_agents.id"), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class Payload(Base):
@@ -183,6 +202,8 @@ class Message(Base):
     search_text: Mapped[str | None] = mapped_column(Text)
     token_count: Mapped[int] = mapped_column(Integer)
     ts: Mapped[float] = mapped_column(Float)
+    #: NULL, or JSON saying what lcm changed to store the message (a value JSON cannot hold).
+    problem: Mapped[str | None] = mapped_column(Text)
 
 
 class Summary(Base):

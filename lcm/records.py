@@ -34,6 +34,9 @@ class SessionRecord:
     last_compaction: dict[str, Any] | None = None
     summary_count: int = 0  # uncondensed + carried summaries: what the context shows
     summary_tokens: int = 0
+    parent_id: int | None = None  # a fork's parent session (its internal id)
+    fork_seq: int | None = None  # the parent's last message the fork shares
+    skipped_count: int = 0  # messages of this session that could not be stored at all
 
     @property
     def raw_tokens(self) -> int:
@@ -67,10 +70,11 @@ class MessageRecord:
     ts: float
     token_count: int
     message: dict[str, Any]
+    problem: tuple[str, ...] = ()  # what lcm changed to store the message (usually nothing)
 
     def to_item(self) -> dict[str, Any]:
-        """The contract's message item."""
-        return {
+        """The contract's message item (``stored_with_changes`` only when lcm changed it)."""
+        item = {
             "store_id": self.store_id,
             "session_id": self.session_key,
             "seq": self.seq,
@@ -78,6 +82,9 @@ class MessageRecord:
             "token_count": self.token_count,
             "message": self.message,
         }
+        if self.problem:
+            item["stored_with_changes"] = list(self.problem)
+        return item
 
 
 @dataclass(frozen=True, slots=True)

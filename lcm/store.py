@@ -45,6 +45,7 @@ from lcm.messages import encode_message, message_text, uid_identity
 from lcm.models import (
     Agent,
     CarriedSummary,
+    Generated,
     Message,
     Payload,
     Session,
@@ -87,6 +88,7 @@ edges_t = SummarySource.__table__
 payloads_t = Payload.__table__
 aliases_t = SessionAlias.__table__
 carried_t = CarriedSummary.__table__
+generated_t = Generated.__table__
 
 
 def _fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[Any]], Any]) -> list[Any]:
@@ -153,8 +155,14 @@ def _int_arg(field: str, value: Any, *, low: int, high: int | None = None) -> in
     return value
 
 
+#: How many generations of forks lcm follows from a session to its family's root.
+MAX_FORK_DEPTH = 64
+
+
 @dataclass(frozen=True, slots=True)
-class _Prepared:
+class PreparedMessage:
+    """A message encoded for storage, before any transaction (see ``Store.prepare``)."""
+
     encoded: EncodedMessage
     token_count: int
     search_text: str | None
@@ -237,12 +245,16 @@ class Store:
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        if self.backend.autocommit_reads:
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                yield conn
-        else:
-            with self.engine.connect() as conn, conn.begin():
-                yield conn
+        try:
+            if self.backend.autocommit_reads:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    yield conn
+            else:
+                with self.engine.connect() as conn, conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"read from {self.location} failed: {_first_line(exc)}") from exc
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
@@ -299,6 +311,7 @@ class Store:
             host_view_seq=m["host_view_seq"],
             last_compaction=codec.decode_json(m["last_compaction"]) if m["last_compaction"] else None,
             summary_count=m["summary_count"], summary_tokens=m["summary_tokens"],
+            parent_id=m["parent_id"], fork_seq=m["fork_seq"], skipped_count=m["skipped_count"],
         )
 
     def get_or_create_session(
@@ -418,9 +431,47 @@ class Store:
         with self._read() as conn:
             return list(conn.execute(select(agents_t.c.name).order_by(agents_t.c.id)).scalars())
 
+    def forks(self, parent_pk: int, fork_seq: int | None = None) -> list[SessionRecord]:
+        """The forks of a session (those branching off after message ``fork_seq`` when given),
+        oldest first."""
+        stmt = self._session_select().where(sessions_t.c.parent_id == parent_pk)
+        if fork_seq is not None:
+            stmt = stmt.where(sessions_t.c.fork_seq == fork_seq)
+        with self._read() as conn:
+            return [self._session_record(r) for r in conn.execute(stmt.order_by(sessions_t.c.id)).all()]
+
+    def add_skipped(self, session_pk: int, count: int) -> None:
+        """Count messages of the session that could not be stored at all."""
+        if count > 0:
+            with self._write() as conn:
+                conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                    skipped_count=sessions_t.c.skipped_count + count))
+
+    def remember_generated(self, agent: str, digests: Collection[str]) -> None:
+        """Record messages lcm generated for a context (see ``lcm.transcript.generated_digest``)."""
+        if not digests:
+            return
+        now = time.time()
+        with self._write() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=True)
+            self.backend.insert_ignore(conn, generated_t, [
+                {"agent_id": agent_pk, "digest": d, "created_at": now} for d in set(digests)],
+                ["agent_id", "digest"])
+
+    def generated(self, agent: str, digests: Collection[str]) -> set[str]:
+        """Which of ``digests`` name messages lcm generated for this agent."""
+        if not digests:
+            return set()
+        with self._read() as conn:
+            agent_pk = self._agent_pk(conn, agent, create=False)
+            if agent_pk is None:
+                return set()
+            return set(conn.execute(select(generated_t.c.digest).where(
+                generated_t.c.agent_id == agent_pk, generated_t.c.digest.in_(list(set(digests))))).scalars())
+
     # ------------------------------------------------------------------ ingest
 
-    def _prepare(self, message: Mapping[str, Any], recall_ids: frozenset[str] = frozenset()) -> _Prepared:
+    def _prepare(self, message: Mapping[str, Any], recall_ids: frozenset[str] = frozenset()) -> PreparedMessage:
         enc = encode_message(message)
         body = index_body(searchable_text(message, recall_ids))
         same = enc.content_kind == CONTENT_TEXT and enc.content == body and enc.tool_calls is None
@@ -428,13 +479,21 @@ class Store:
         if enc.payload is not None:
             raw = enc.payload.encode("utf-8")
             payload = (hashlib.sha256(raw).hexdigest(), zlib.compress(raw, 6), len(enc.payload))
-        return _Prepared(
+        return PreparedMessage(
             encoded=enc,
             token_count=self.tokens.count_message_text(enc.text),
             search_text=None if same else body,
             body=body,
             payload=payload,
         )
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]],
+                recall_call_ids: Collection[str] = ()) -> list[PreparedMessage]:
+        """Encode messages for storage (the expensive part of a write: encoding, token
+        counting, compression), outside any transaction. Raises InvalidMessageError for a
+        message that cannot be stored at all."""
+        recall = frozenset(recall_call_ids) | recall_call_ids_of(messages)
+        return [self._prepare(m, recall) for m in messages]
 
     def append_messages(
         self,
@@ -446,6 +505,7 @@ class Store:
         expect_last_seq: int | None = None,
         timestamps: Sequence[float | None] | None = None,
         recall_call_ids: Collection[str] = (),
+        prepared: Sequence[PreparedMessage] | None = None,
     ) -> AppendResult:
         """Store a turn's messages, each exactly once, in one transaction.
 
@@ -463,11 +523,24 @@ class Store:
 
         ``recall_call_ids``: ids of calls to lcm's own tools made earlier in the conversation
         (calls in ``messages`` itself are found here): their results are stored but not indexed.
+        ``prepared``: ``self.prepare(messages, ...)`` when the caller already has it.
         """
         if timestamps is not None and len(timestamps) != len(messages):
             raise ValueError(f"{len(timestamps)} timestamps for {len(messages)} messages")
-        recall = frozenset(recall_call_ids) | recall_call_ids_of(messages)
-        prepared = [self._prepare(m, recall) for m in messages]
+        if prepared is None:
+            prepared = self.prepare(messages, recall_call_ids)
+        with self._write() as conn:
+            if expect_last_seq is None:
+                self._lock_session(conn, session_pk)
+            return self._append(conn, session_pk, prepared, after_identity=after_identity, now=now,
+                                expect_last_seq=expect_last_seq, timestamps=timestamps)
+
+    def _append(self, conn: Connection, session_pk: int, prepared: Sequence[PreparedMessage], *,
+                after_identity: str | None, now: float | None = None,
+                expect_last_seq: int | None = None,
+                timestamps: Sequence[float | None] | None = None) -> AppendResult:
+        """``append_messages`` inside the caller's write transaction. Without
+        ``expect_last_seq`` the caller holds the session row's lock."""
         identities: list[str] = []
         prev = after_identity or ""
         for p in prepared:
@@ -476,64 +549,79 @@ class Store:
         ts_now = time.time() if now is None else now
         times = [_row_time(timestamps[i] if timestamps is not None else None,
                            p.encoded.host_timestamp, ts_now) for i, p in enumerate(prepared)]
-
-        with self._write() as conn:
-            if expect_last_seq is not None:
-                # The caller's view is current: nothing of this can be stored yet. Claim the seq
-                # numbers first (one UPDATE that also locks the row), then insert.
-                fresh = _first_of_each(identities)
-                tokens = sum(prepared[i].token_count for i in fresh)
-                session = conn.execute(_BUMP_SESSION, {
-                    "sid": session_pk, "expected": expect_last_seq, "new_last": expect_last_seq + len(fresh),
-                    "n": len(fresh), "tok": tokens, "now": ts_now}).first()
-                if session is None:
-                    raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expect_last_seq}")
-                session = session._mapping
-                known: dict[str, int] = {}
-                first_seq = expect_last_seq
-            else:
-                session = self._lock_session(conn, session_pk)
-                known = dict(_fetch_in(
-                    conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
-                        messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
-                fresh = [i for i in _first_of_each(identities) if identities[i] not in known]
-                first_seq = session["last_seq"]
-            payload_ids = self._store_payloads(conn, [prepared[i].payload for i in fresh if prepared[i].payload])
-            rows: list[dict[str, Any]] = []
-            index: list[IndexRow] = []
-            for seq, i in enumerate(fresh, start=first_seq + 1):
-                p, e = prepared[i], prepared[i].encoded
-                rows.append({
-                    "session_id": session_pk, "agent_id": session["agent_id"], "seq": seq,
-                    "identity": identities[i],
-                    "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
-                    "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
-                    "name": e.name, "extra": e.extra, "key_order": e.key_order,
-                    "payload_id": payload_ids[p.payload[0]] if p.payload else None,
-                    "search_text": p.search_text, "token_count": p.token_count,
-                    "ts": times[i],
-                })
-                index.append(IndexRow(body=p.body, session_pk=session_pk,
-                                      agent_pk=session["agent_id"], role=e.role))
-            inserted = self.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
-            if len(inserted) != len(rows):
-                raise ConcurrentUpdateError(
-                    "another writer stored some of these messages concurrently; nothing was written")
-            known.update({ident: row_id for row_id, ident in inserted})
-            if rows and expect_last_seq is None:
-                session = conn.execute(_BUMP_SESSION, {
-                    "sid": session_pk, "expected": first_seq, "new_last": first_seq + len(rows),
-                    "n": len(rows), "tok": sum(r["token_count"] for r in rows), "now": ts_now}).one()._mapping
-            record = self._session_record({**session, "agent_name": self._agent_name(conn, session["agent_id"])})
+        if expect_last_seq is not None:
+            # The caller's view is current: nothing of this can be stored yet. Claim the seq
+            # numbers first (one UPDATE that also locks the row), then insert.
+            fresh = _first_of_each(identities)
+            tokens = sum(prepared[i].token_count for i in fresh)
+            session = conn.execute(_BUMP_SESSION, {
+                "sid": session_pk, "expected": expect_last_seq, "new_last": expect_last_seq + len(fresh),
+                "n": len(fresh), "tok": tokens, "now": ts_now}).first()
+            if session is None:
+                raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expect_last_seq}")
+            session = session._mapping
+            known: dict[str, int] = {}
+            first_seq = expect_last_seq
+        else:
+            session = conn.execute(select(sessions_t).where(sessions_t.c.id == session_pk)).one()._mapping
+            known = dict(_fetch_in(
+                conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
+                    messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
+            fresh = [i for i in _first_of_each(identities) if identities[i] not in known]
+            first_seq = session["last_seq"]
+        payload_ids = self._store_payloads(conn, [prepared[i].payload for i in fresh if prepared[i].payload])
+        rows: list[dict[str, Any]] = []
+        index: list[IndexRow] = []
+        for seq, i in enumerate(fresh, start=first_seq + 1):
+            p, e = prepared[i], prepared[i].encoded
+            rows.append({
+                "session_id": session_pk, "agent_id": session["agent_id"], "seq": seq,
+                "identity": identities[i],
+                "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
+                "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
+                "name": e.name, "extra": e.extra, "key_order": e.key_order,
+                "payload_id": payload_ids[p.payload[0]] if p.payload else None,
+                "search_text": p.search_text, "token_count": p.token_count,
+                "ts": times[i], "problem": e.problem,
+            })
+            index.append(IndexRow(body=p.body, session_pk=session_pk,
+                                  agent_pk=session["agent_id"], role=e.role))
+        inserted = self.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
+        if len(inserted) != len(rows):
+            raise ConcurrentUpdateError(
+                "another writer stored some of these messages concurrently; nothing was written")
+        known.update({ident: row_id for row_id, ident in inserted})
+        if rows and expect_last_seq is None:
+            session = conn.execute(_BUMP_SESSION, {
+                "sid": session_pk, "expected": first_seq, "new_last": first_seq + len(rows),
+                "n": len(rows), "tok": sum(r["token_count"] for r in rows), "now": ts_now}).one()._mapping
+        record = self._session_record({**session, "agent_name": self._agent_name(conn, session["agent_id"])})
         fresh_set = set(fresh)
-        new_flags = [i in fresh_set for i in range(len(identities))]
         return AppendResult(
             session=record,
             store_ids=tuple(known[i] for i in identities),
-            new_flags=tuple(new_flags),
+            new_flags=tuple(i in fresh_set for i in range(len(identities))),
             last_identity=prev,
             token_counts=tuple(p.token_count for p in prepared),
         )
+
+    @contextmanager
+    def session_family(self, session_pk: int) -> Iterator["FamilyWriter"]:
+        """One write transaction over a session and its forks, holding the lock of the
+        family's root session: writers of one conversation (however many processes) run
+        their alignment and appends one at a time against what is stored, while other
+        conversations proceed in parallel (SQLite: its single write lock does this)."""
+        root = session_pk
+        with self._read() as conn:  # parent links never change once written
+            for _ in range(MAX_FORK_DEPTH):
+                parent = conn.execute(select(sessions_t.c.parent_id).where(
+                    sessions_t.c.id == root)).scalar()
+                if parent is None:
+                    break
+                root = parent
+        with self._write() as conn:
+            self._lock_session(conn, root)
+            yield FamilyWriter(self, conn)
 
     def _lock_session(self, conn: Connection, session_pk: int) -> Mapping[str, Any]:
         row = conn.execute(
@@ -562,7 +650,7 @@ class Store:
         messages_t.c.ts, messages_t.c.token_count, messages_t.c.content_kind,
         messages_t.c.content, messages_t.c.tool_calls, messages_t.c.tool_call_id,
         messages_t.c.name, messages_t.c.extra, messages_t.c.key_order, messages_t.c.payload_id,
-        sessions_t.c.session_key,
+        messages_t.c.problem, sessions_t.c.session_key,
     )
 
     def _message_select(self):
@@ -582,7 +670,8 @@ class Store:
             )
             out.append(MessageRecord(
                 store_id=r.id, session_pk=r.session_id, session_key=r.session_key, seq=r.seq,
-                role=r.role, ts=r.ts, token_count=r.token_count, message=message))
+                role=r.role, ts=r.ts, token_count=r.token_count, message=message,
+                problem=tuple(codec.decode_json(r.problem)) if r.problem else ()))
         return out
 
     def get_messages(
@@ -1224,6 +1313,73 @@ class Store:
             }
             size = self.backend.database_size(conn)
         return {**counts, "bytes": size, "backend": self.backend_name, "database": self.location}
+
+
+class FamilyWriter:
+    """Reads and writes inside ``Store.session_family``'s transaction (the family's lock held).
+
+    Everything ingest decides (which messages are stored, where the host's transcript diverges,
+    which fork it continues) is decided from what these methods read, under that lock."""
+
+    FORK_SEPARATOR = "/fork-"
+
+    def __init__(self, store: Store, conn: Connection):
+        self.store = store
+        self.conn = conn
+
+    def session(self, session_pk: int) -> SessionRecord:
+        """The session, its row locked until the transaction ends (a concurrent fast-path
+        append to it waits, then finds the session moved on)."""
+        row = self.conn.execute(self.store._session_select().where(
+            sessions_t.c.id == session_pk).with_for_update(of=sessions_t)).first()
+        if row is None:
+            raise NotFoundError(f"session {session_pk} not found")
+        return self.store._session_record(row)
+
+    def metas(self, session_pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]:
+        rows = self.conn.execute(select(*Store._META_COLUMNS).where(
+            messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
+            messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)).all()
+        return self.store._metas(rows)
+
+    def forks(self, parent_pk: int, fork_seq: int) -> list[SessionRecord]:
+        """The forks of ``parent_pk`` that branch off after its message ``fork_seq``, oldest first."""
+        rows = self.conn.execute(self.store._session_select().where(
+            sessions_t.c.parent_id == parent_pk, sessions_t.c.fork_seq == fork_seq).order_by(
+            sessions_t.c.id)).all()
+        return [self.store._session_record(r) for r in rows]
+
+    def append(self, session_pk: int, prepared: Sequence[PreparedMessage], *,
+               after_identity: str | None) -> AppendResult:
+        self.session(session_pk)
+        return self.store._append(self.conn, session_pk, prepared, after_identity=after_identity)
+
+    def create_fork(self, parent: SessionRecord, fork_seq: int) -> SessionRecord:
+        """A new session of the parent's agent that continues the parent's conversation after
+        its message ``fork_seq`` differently. Its key is the parent's with ``/fork-N``."""
+        taken = self.conn.execute(select(func.count()).select_from(sessions_t).where(
+            sessions_t.c.parent_id == parent.id)).scalar_one()
+        now = time.time()
+        for n in range(taken + 1, taken + 1000):
+            suffix = f"{self.FORK_SEPARATOR}{n}"
+            key = parent.session_key[: 255 - len(suffix)] + suffix
+            exists = self.conn.execute(select(sessions_t.c.id).where(
+                sessions_t.c.agent_id == parent.agent_pk, sessions_t.c.session_key == key)).first()
+            if exists is None:
+                break
+        else:  # pragma: no cover - a thousand sessions named like forks
+            raise IntegrityViolation(f"no free fork name for session {parent.session_key!r}")
+        [pk] = self.conn.execute(sessions_t.insert().values(
+            agent_id=parent.agent_pk, session_key=key, platform=parent.platform,
+            conversation_id=parent.conversation_id, created_at=now, updated_at=now, last_seq=0,
+            message_count=0, token_count=0, covered_seq=0, covered_tokens=0,
+            parent_id=parent.id, fork_seq=fork_seq).returning(sessions_t.c.id)).one()
+        return self.session(pk)
+
+    def add_skipped(self, session_pk: int, count: int) -> None:
+        if count > 0:
+            self.conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                skipped_count=sessions_t.c.skipped_count + count))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -202,10 +202,25 @@ def _session_for(engine: "LcmEngine", key: str) -> SessionRecord:
 
 
 def _node(engine: "LcmEngine", node_id: int) -> SummaryRecord:
+    """A summary node in the current session's scope: its own DAG, the summaries carried into
+    it (and their sources), and its parents' if it is a fork. A node of another session of the
+    agent is "not found", like one of another agent (the contract's default scope)."""
     node = engine.store.get_summary(node_id, agent=engine.agent_id)
-    if node is None:
+    if node is None or node.session_pk not in _node_sessions(engine):
         raise ArgumentError(NOT_FOUND_NODE.format(id=node_id))
     return node
+
+
+def _node_sessions(engine: "LcmEngine") -> set[int]:
+    store, session = engine.store, engine.session
+    allowed = {session.id}
+    current = session
+    while current.parent_id is not None and current.parent_id not in allowed:
+        allowed.add(current.parent_id)
+        current = store.get_session(current.parent_id)
+    for pk in list(allowed):
+        allowed.update(n.session_pk for n in store.carried_summaries(pk))
+    return allowed
 
 
 def _clip(text: str, chars: int) -> tuple[str, bool]:
@@ -538,6 +553,10 @@ def status(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
         "agent_id": engine.agent_id, "session_id": session.session_key,
         "session_ids": store.session_keys(session.id),
         "compression_count": engine.compression_count, "stored_messages": session.message_count,
+        "skipped_messages": session.skipped_count,
+        "fork_of": ({"session_id": store.get_session(session.parent_id).session_key,
+                     "after_seq": session.fork_seq} if session.parent_id is not None else None),
+        "forks": [f.session_key for f in store.forks(session.id)],
         "raw_messages": session.last_seq - session.covered_seq, "raw_tokens": session.raw_tokens,
         "nodes_by_depth": nodes,
         "carried_summaries": len(store.carried_summaries(session.id)),

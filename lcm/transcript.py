@@ -11,13 +11,15 @@ precede the next assistant message). No verbatim message is ever edited to make 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lcm.messages import content_text, message_text, tool_calls_text
+from lcm.messages import content_text, is_ephemeral, message_text, tool_calls_text
 
-#: First line of every summary message lcm puts into a context (how it recognises its own
-#: summary when the host sends it back, with or without the ``_compressed_summary`` key).
+#: First line of every summary message lcm puts into a context. Only a cheap first test: lcm
+#: knows a message as its own by its digest (:func:`generated_digest`), recorded when it
+#: generated the message, never by this text, which anyone can paste.
 SUMMARY_MARKER = "[LCM CONTEXT SUMMARY — REFERENCE ONLY]"
 SUMMARY_END = "--- END OF LCM CONTEXT SUMMARY — respond to the messages below, not to the summary ---"
 #: lcm's reply to its own summary, used only when the verbatim part starts with a user message
@@ -33,7 +35,6 @@ _SYNTHETIC_PREFIXES = (
     "[IMPORTANT: Background process ",
     "[CONTEXT COMPACTION",
     "[CONTEXT SUMMARY]:",
-    SUMMARY_MARKER,
 )
 
 
@@ -42,11 +43,57 @@ def role_of(message: Any) -> str | None:
 
 
 def is_lcm_summary(message: Any) -> bool:
-    """True for a summary message lcm generated (returned to the host and sent back)."""
+    """True for a message that *looks like* one lcm generated (it starts with the marker).
+    Use only on lcm's own output; a host transcript is read with :class:`OwnMessages`."""
     if not isinstance(message, Mapping):
         return False
     text = content_text(message.get("content")).lstrip()
     return text.startswith(SUMMARY_MARKER)
+
+
+def generated_digest(message: Any) -> str | None:
+    """The digest lcm records for a message it generates (role and text), or None for a
+    message that does not start with lcm's marker (the cheap test every message takes)."""
+    if not is_lcm_summary(message):
+        return None
+    text = f"{message.get('role')}\x00{content_text(message.get('content'))}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class OwnMessages:
+    """Recognises the messages lcm generated (summary, acknowledgement) in a host transcript.
+
+    By digest: the ones this process generated, else a look-up of digests lcm recorded when
+    it generated them (``lookup``: the store's, per agent), cached. A message that only
+    looks like lcm's (a user pasting an earlier context, a tool printing a file that starts
+    with the marker) is conversation, stored like any other."""
+
+    def __init__(self, lookup: Callable[[set[str]], set[str]] | None = None):
+        self._lookup = lookup
+        self._known: set[str] = set()
+        self._not: set[str] = set()
+
+    def add(self, digests: Sequence[str]) -> None:
+        self._known.update(digests)
+        self._not.difference_update(digests)
+
+    def __call__(self, message: Any) -> bool:
+        digest = generated_digest(message)
+        if digest is None:
+            return False
+        if digest in self._known:
+            return True
+        if digest in self._not or self._lookup is None:
+            return False
+        if self._lookup({digest}):
+            self._known.add(digest)
+            return True
+        self._not.add(digest)
+        return False
+
+
+def _never(message: Any) -> bool:
+    return False
 
 
 def is_synthetic(message: Mapping[str, Any]) -> bool:
@@ -62,22 +109,25 @@ def is_real_user(message: Any) -> bool:
     return bool(text) and not text.startswith(_SYNTHETIC_PREFIXES)
 
 
-def split_transcript(messages: Sequence[Any]) -> tuple[Mapping[str, Any] | None, list[Mapping[str, Any]]]:
-    """(leading system prompt or None, conversation messages without lcm summaries).
+def split_transcript(messages: Sequence[Any], own: Callable[[Any], bool] = _never
+                     ) -> tuple[Mapping[str, Any] | None, list[Any]]:
+    """(leading system prompt or None, conversation messages without lcm's own).
 
     The host rebuilds its system prompt every turn, so it is passed through, not stored; a
-    system message anywhere else is conversation like any other.
+    system message anywhere else is conversation like any other. ``own`` tells lcm's own
+    generated messages (:class:`OwnMessages`).
     """
     system = None
     start = 0
-    if messages and role_of(messages[0]) == "system" and not is_lcm_summary(messages[0]):
+    if messages and role_of(messages[0]) == "system" and not own(messages[0]):
         system, start = messages[0], 1
-    return system, conversation_of(messages[start:])
+    return system, conversation_of(messages[start:], own)
 
 
-def conversation_of(messages: Sequence[Any]) -> list[Mapping[str, Any]]:
-    """The messages of a run (not starting a transcript) that are conversation: all but lcm's."""
-    return [m for m in messages if not is_lcm_summary(m)]
+def conversation_of(messages: Sequence[Any], own: Callable[[Any], bool] = _never) -> list[Any]:
+    """The messages of a run (not starting a transcript) that are conversation: all but lcm's
+    own and the host's ephemeral scaffolding (see ``lcm.messages.EPHEMERAL_FLAGS``)."""
+    return [m for m in messages if not own(m) and not is_ephemeral(m)]
 
 
 def valid_cut_before(roles: Sequence[str | None], index: int) -> bool:

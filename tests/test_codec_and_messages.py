@@ -152,7 +152,6 @@ def test_large_bodies_move_to_a_payload():
 
 @pytest.mark.parametrize("bad", [
     "not a dict", {"content": "no role"}, {"role": ""}, {"role": 5}, {"role": "x" * 100},
-    {"role": "user", "content": object()},
 ])
 def test_non_messages_are_refused_with_a_clear_error(bad):
     with pytest.raises(InvalidMessageError):
@@ -176,3 +175,21 @@ def test_host_timestamps(value, expected):
 @given(st.text())
 def test_parse_timestamp_never_raises(s):
     parse_timestamp(s)
+
+
+def test_values_json_cannot_hold_are_stored_deterministically_with_the_change_noted():
+    """Regression (issue 13.3, 13.11): an object, a datetime or content nested 3,000 levels
+    deep used to refuse (or crash with RecursionError) the whole message."""
+    import datetime as dt
+
+    deep: list = []
+    node = deep
+    for _ in range(3000):
+        node.append([])
+        node = node[0]
+    for odd in ({"role": "user", "content": object()}, {"role": "tool", "content": "x", "at": dt.date(2026, 1, 1)},
+                {"role": "user", "content": deep}):
+        encoded = encode_message(odd)
+        assert encoded.problem and json.loads(encoded.problem)
+        assert encode_message(odd).content_hash == encoded.content_hash
+    assert encode_message({"role": "user", "content": "plain"}).problem is None

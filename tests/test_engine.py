@@ -178,12 +178,21 @@ def test_own_summary_message_is_never_stored(make_engine):
     assert not any(SUMMARY_MARKER in json.dumps(m) for m in stored(engine))
 
 
-def test_invalid_message_leaves_the_transcript_unchanged(make_engine):
-    engine = make_engine()
+def test_a_message_that_cannot_be_stored_never_blocks_the_others(make_engine):
+    """Regression (issue 13.3): one unstorable message used to stop ingest of the session."""
+    engine = make_engine(context_length=1_000_000)
     engine.on_session_start("s")
-    msgs = [SYSTEM, *conversation(10), {"content": "no role"}]
-    assert engine.compress(msgs, current_tokens=9999) is msgs
-    assert "cannot be stored" in engine.get_status()["last_compaction"]["reason"]
+    turns = conversation(10)
+    msgs = [SYSTEM, *turns[:4], {"content": "no role"}, None, {"role": "x" * 100, "content": "?"},
+            *turns[4:]]
+    engine.on_turn_complete(msgs)
+    assert stored(engine) == turns
+    more = conversation(12)[10:]
+    engine.on_turn_complete(msgs + more)
+    engine.on_turn_complete(list(msgs + more))  # full alignment: not counted twice
+    assert stored(engine) == turns + more
+    status = json.loads(engine.handle_tool_call("lcm_status", {}))
+    assert status["skipped_messages"] == 3 and status["stored_messages"] == len(turns + more)
 
 
 # --------------------------------------------------------------------------- compaction & assembly

@@ -105,8 +105,21 @@ def write_at_0003(conn) -> None:
     conn.execute(text("UPDATE lcm_sessions SET summary_count = 1, summary_tokens = 5 WHERE id = 1"))
 
 
+def write_at_0004(conn) -> None:
+    """0004 keeps identity v2: lcm at 0004 wrote v2 identities and left recall traffic unindexed."""
+    from lcm.upgrades import recompute_message_identities
+
+    write_at_0003(conn)
+    reindex = None
+    if conn.dialect.name == "postgresql":
+        from lcm.backends.postgres import PostgresBackend
+
+        reindex = PostgresBackend().reindex_messages
+    recompute_message_identities(conn, reindex=reindex)
+
+
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
-           "0003_engine_state": write_at_0003}
+           "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004}
 
 
 def verify_old_data(store: Store) -> None:
@@ -121,6 +134,9 @@ def verify_old_data(store: Store) -> None:
     assert store.search_messages("bigpayload", agent="old-agent").hits
     [summary] = store.search_summaries("wombat", agent="old-agent", session_pk=session.id).hits
     assert store.summary_source_ids(summary.id) == [1, 2]
+    # 0005: the old session is no fork, has skipped nothing, and its rows carry no problem.
+    assert session.parent_id is None and session.fork_seq is None and session.skipped_count == 0
+    assert all(not m.problem for m in store.get_messages(session.id))
     bad = [c for c in store.integrity_checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad

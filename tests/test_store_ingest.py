@@ -127,9 +127,25 @@ def test_invalid_messages_write_nothing(store, session):
     good = {"role": "user", "content": "fine"}
     with pytest.raises(InvalidMessageError):
         store.append_messages(session.id, [good, {"content": "no role"}])
-    with pytest.raises(InvalidMessageError):
-        store.append_messages(session.id, [good, {"role": "user", "content": {1, 2}}])
     assert store.get_session(session.id).message_count == 0
+
+
+def test_a_value_json_cannot_hold_is_stored_as_well_as_it_can_be(store, session):
+    """Regression (issue 13.3): a set, a datetime or bytes used to make the message unstorable."""
+    import datetime as dt
+
+    odd = {"role": "user", "content": {1, 2}, "when": dt.datetime(2026, 1, 2, 3, 4, 5),
+           "blob": b"\x00\xff", 7: "int key"}
+    result = store.append_messages(session.id, [{"role": "user", "content": "fine"}, odd])
+    assert result.inserted == 2
+    [_, back] = store.get_messages(session.id)
+    assert back.message == {"role": "user", "content": [1, 2], "when": "2026-01-02T03:04:05",
+                            "blob": "AP8=", "7": "int key"}
+    assert any("set stored as list" in p for p in back.problem)
+    assert back.to_item()["stored_with_changes"] == list(back.problem)
+    # The same odd message sent again is recognised: nothing new.
+    again = store.append_messages(session.id, [{"role": "user", "content": "fine"}, odd])
+    assert again.inserted == 0
 
 
 def test_unknown_session_is_not_found(store):

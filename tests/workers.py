@@ -77,3 +77,49 @@ def crash_during_summary(url: str) -> None:
 
 if __name__ == "__main__":
     crash_during_summary(sys.argv[1])
+
+
+def _engine(url: str):
+    from lcm.config import LcmConfig
+    from lcm.engine import LcmEngine
+
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=url))
+    engine.update_model("test-model", 10_000_000)
+    return engine
+
+
+def host_same_transcript(url: str, session_key: str, turns: int, seed: int,
+                         start_at: float | None = None) -> int:
+    """A host process growing the shared transcript turn by turn, at its own pace, sometimes
+    restarting (a new engine with no memory) or sending a copied list."""
+    import random
+
+    rng = random.Random(seed)
+    engine = _engine(url)
+    engine.on_session_start(session_key)
+    wait_until(start_at)
+    transcript: list[dict] = [{"role": "system", "content": "shared system"}]
+    for i in range(turns):
+        transcript = transcript + turn("shared", i) if rng.random() < 0.3 else transcript
+        if len(transcript) == 1 + 4 * i:  # not extended above: extend in place
+            transcript.extend(turn("shared", i))
+        if rng.random() < 0.1:
+            engine = _engine(url)
+            engine.on_session_start(session_key)
+        engine.on_turn_complete(transcript)
+        time.sleep(rng.random() * 0.01)
+    return turns
+
+
+def host_own_transcript(url: str, session_key: str, worker: str, turns: int,
+                        start_at: float | None = None) -> tuple[str, str]:
+    """A host that shares the first turn with the others, then says its own things."""
+    engine = _engine(url)
+    engine.on_session_start(session_key)
+    transcript: list[dict] = [{"role": "system", "content": "shared system"}, *turn("common", 0)]
+    engine.on_turn_complete(transcript)
+    wait_until(start_at)
+    for i in range(1, turns):
+        transcript.extend(turn(worker, i))
+        engine.on_turn_complete(transcript)
+    return worker, engine.session.session_key
