@@ -183,6 +183,9 @@ class Compactor:
         self.store = store
         self.summarizer = summarizer
         self.config = config
+        #: ``time.monotonic()`` bound of the running ``run()`` (LCM_MAX_COMPACTION_SECONDS):
+        #: each summarizer call gets what is left of it.
+        self.deadline: float | None = None
 
     # -- planning over the store ---------------------------------------------------------
 
@@ -281,7 +284,7 @@ class Compactor:
         target = min(self.config.leaf_target, max(MIN_SUMMARY_TOKENS, room // 3))
         draft = self.summarizer.summarize(SummaryRequest(
             depth=0, source=frame_messages(records, budget), source_tokens=room,
-            target_tokens=target, focus_topic=focus))
+            target_tokens=target, focus_topic=focus, deadline=self.deadline))
         if draft is None:
             return small
         return self._write(session, 0, draft, [m.store_id for m in chunk], focus)
@@ -292,7 +295,7 @@ class Compactor:
         target = min(self.config.condensed_target_tokens, max(32, source_tokens // 2))
         draft = self.summarizer.summarize(SummaryRequest(
             depth=depth, source=frame_summaries(nodes), source_tokens=source_tokens,
-            target_tokens=target, focus_topic=focus))
+            target_tokens=target, focus_topic=focus, deadline=self.deadline))
         if draft is None:
             return f"summaries {[n.id for n in nodes]} cannot be condensed into anything shorter"
         return self._write(session, depth, draft, [n.id for n in nodes], focus)
@@ -305,7 +308,7 @@ class Compactor:
         target (and nothing forces a pass) the answer costs no query at all.
         """
         started = time.monotonic()
-        deadline = started + self.config.max_compaction_seconds
+        deadline = self.deadline = started + self.config.max_compaction_seconds
         session_pk = session.id
         out = Outcome(tokens_before=estimate(session), at=time.time())
         if out.tokens_before < target and not force:

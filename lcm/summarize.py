@@ -27,6 +27,8 @@ import re
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -40,6 +42,30 @@ EXPAND_PREFIX = "Expand for details about:"
 EXTRACTIVE_MARKER = "[extractive summary — no LLM summarizer configured; lcm_expand has the exact text]"
 TRUNCATED_MARKER = "[truncated, not summarized: {reason}; lcm_expand has the exact text]"
 AUTH_COOLDOWN_FACTOR = 12
+#: A completion larger than this is refused (a runaway or hostile server), not read to the end.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: LLM calls run on these threads so that a call's wall-clock bound holds whatever the server
+#: does (a drip of one byte a second defeats a per-read timeout). A call past its bound is
+#: abandoned: the caller moves on at once, the thread ends at its own next check.
+_CALLS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lcm-llm")
+_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def sendable(text: str) -> str:
+    """Text any JSON encoder and HTTP client accepts: NUL and unpaired surrogates (which a
+    stored message may hold) become U+FFFD in what is sent to a model."""
+    return _UNSENDABLE.sub("\ufffd", text) if _UNSENDABLE.search(text) else text
+
+
+def bounded_call(fn, timeout: float, what: str):
+    """``fn()`` on an LLM thread, given at most ``timeout`` seconds of wall clock (RouteError
+    "timeout" past that); what ``fn`` raises is raised here."""
+    future = _CALLS.submit(fn)
+    try:
+        return future.result(timeout=max(0.0, timeout))
+    except FuturesTimeout:
+        future.cancel()
+        raise RouteError("timeout", f"{what}: no complete answer within {timeout:.1f} s") from None
 
 # --------------------------------------------------------------------------- prompts
 
@@ -100,6 +126,16 @@ class SummaryRequest:
     source_tokens: int
     target_tokens: int
     focus_topic: str | None = None
+    #: ``time.monotonic()`` by which the summary must be ready (the compaction's own bound):
+    #: LLM calls get what is left of it, and past it the deterministic fallback answers.
+    deadline: float | None = None
+
+
+def as_route_error(exc: BaseException) -> "RouteError":
+    """Any failure of a route call, as the route failing (a UnicodeEncodeError, a host bug)."""
+    if isinstance(exc, RouteError):
+        return exc
+    return RouteError("internal", f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 @dataclass(frozen=True)
@@ -142,33 +178,52 @@ class OpenAICompatibleRoute:
         self.name = f"endpoint:{model}@{self.base_url}"
 
     def complete(self, messages, *, max_tokens, timeout):
-        import httpx
-
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": 0.2}
-        try:
-            resp = httpx.post(f"{self.base_url}/chat/completions", json=body, headers=headers,
-                              timeout=timeout)
-        except httpx.TimeoutException as exc:
-            raise RouteError("timeout", f"no answer within {timeout:.0f} s") from exc
-        except httpx.HTTPError as exc:
-            raise RouteError("network", f"{type(exc).__name__}: {exc}") from exc
-        if resp.status_code in (401, 403):
-            raise RouteError("auth", f"HTTP {resp.status_code}: the endpoint refused the API key "
+        status, raw = bounded_call(lambda: self._post(body, headers, timeout), timeout, self.name)
+        text = raw.decode("utf-8", "replace")
+        if status in (401, 403):
+            raise RouteError("auth", f"HTTP {status}: the endpoint refused the API key "
                                      "(check LCM_SUMMARY_API_KEY)")
-        if resp.status_code >= 400:
-            raise RouteError("http", f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if status >= 400:
+            raise RouteError("http", f"HTTP {status}: {text[:200]}")
         try:
-            data = resp.json()
+            import json
+
+            data = json.loads(text)
             content = data["choices"][0]["message"].get("content")
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise RouteError("http", f"unreadable completion: {resp.text[:200]}") from exc
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise RouteError("http", f"unreadable completion: {text[:200]}") from exc
         if not isinstance(content, str) or not content.strip():
             raise RouteError("empty", "the model returned no text")
         return content
+
+
+    def _post(self, body: dict[str, Any], headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+        """The response's status and body, read in chunks against the call's deadline."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with httpx.stream("POST", f"{self.base_url}/chat/completions", json=body,
+                              headers=headers, timeout=timeout) as resp:
+                for chunk in resp.iter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_RESPONSE_BYTES:
+                        raise RouteError("http", f"the answer is larger than {MAX_RESPONSE_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise RouteError("timeout", f"no complete answer within {timeout:.1f} s")
+                return resp.status_code, b"".join(chunks)
+        except httpx.TimeoutException as exc:
+            raise RouteError("timeout", f"no answer within {timeout:.1f} s") from exc
+        except httpx.HTTPError as exc:
+            raise RouteError("network", f"{type(exc).__name__}: {exc}") from exc
 
 
 class HermesAuxiliaryRoute:
@@ -188,7 +243,9 @@ class HermesAuxiliaryRoute:
         if self.model:
             kwargs["model"] = self.model
         try:
-            response = call_llm(**kwargs)
+            response = bounded_call(lambda: call_llm(**kwargs), timeout, self.name)
+        except RouteError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the host raises many kinds; classify them
             text = str(exc)
             kind = "auth" if re.search(r"\b(401|403)\b|unauthori|forbidden|api key", text, re.I) else (
@@ -460,7 +517,7 @@ class Summarizer:
         if not routes:
             return None, None, "no LLM is configured (LCM_SUMMARY_BASE_URL / Hermes auxiliary client)"
         messages = [{"role": "system", "content": ANSWER_PROMPT},
-                    {"role": "user", "content": f"{evidence}\n\nQuestion: {question}"}]
+                    {"role": "user", "content": sendable(f"{evidence}\n\nQuestion: {question}")}]
         problems = []
         for route in routes:
             if not self.breakers.available(route.name):
@@ -469,7 +526,8 @@ class Summarizer:
             try:
                 text = route.complete(messages, max_tokens=max_tokens,
                                       timeout=self.config.summary_timeout_ms / 1000.0)
-            except RouteError as exc:
+            except Exception as failure:  # noqa: BLE001 - a failing route never escapes
+                exc = as_route_error(failure)
                 self.breakers.failure(route.name, exc)
                 problems.append(f"{route.name}: {exc.kind}: {exc}")
                 continue
@@ -493,7 +551,7 @@ class Summarizer:
             system = CONDENSED_PROMPT.format(depth=request.depth, target=request.target_tokens,
                                              focus=focus)
         return [{"role": "system", "content": system},
-                {"role": "user", "content": request.source}]
+                {"role": "user", "content": sendable(request.source)}]
 
     def _accept(self, text: str, request: SummaryRequest) -> tuple[str, str, int] | str:
         """(content, hint, tokens) if usable, else the reason it is not."""
@@ -520,17 +578,23 @@ class Summarizer:
                 self.last_route = "extractive"
                 return SummaryDraft(content, "extractive", count, "extractive", None, hint)
             problems.append(f"extractive: {accepted}")
-        timeout = self.config.summary_timeout_ms / 1000.0
         for route in routes:
             if not self.breakers.available(route.name):
                 problems.append(f"{route.name}: breaker open")
                 continue
             for level in ("normal", "bullets"):
+                timeout = self.config.summary_timeout_ms / 1000.0
+                if request.deadline is not None:
+                    timeout = min(timeout, request.deadline - time.monotonic())
+                if timeout <= 0.05:
+                    problems.append("the compaction's time (LCM_MAX_COMPACTION_SECONDS) is up")
+                    break
                 target = request.target_tokens if level == "normal" else max(40, request.target_tokens // 2)
                 try:
                     text = route.complete(self._prompt(request, level),
                                           max_tokens=int(target * 1.6) + 64, timeout=timeout)
-                except RouteError as exc:
+                except Exception as failure:  # noqa: BLE001 - a failing route never escapes
+                    exc = as_route_error(failure)
                     self.breakers.failure(route.name, exc)
                     problems.append(f"{route.name}: {exc.kind}: {exc}")
                     break  # this route is failing, not the prompt: next route
@@ -545,7 +609,18 @@ class Summarizer:
                 kind = "llm" if level == "normal" else "llm-bullets"
                 return SummaryDraft(content, kind, count, route.name, route.model, hint,
                                     tuple(problems))
+            if problems and problems[-1].startswith("the compaction's time"):
+                break
         reason = "; ".join(problems[-3:]) or "no summarizer produced a usable result"
+        if routes:  # the LLM failed: the deterministic extractive summary keeps compaction going
+            accepted = self._accept(extractive_summary(request, self.tokens), request)
+            if not isinstance(accepted, str):
+                content, hint, count = accepted
+                self.last_route = "extractive"
+                log.warning("lcm summarizer: no LLM route gave a usable summary (%s); using the "
+                            "extractive fallback", reason)
+                return SummaryDraft(content, "extractive", count, "extractive", None, hint,
+                                    tuple(problems))
         cut = truncation(request, self.tokens, reason)
         if cut is None:
             return None

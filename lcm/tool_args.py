@@ -8,9 +8,28 @@ response says so); below its minimum it is an error.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
+
+from lcm import codec
+
+#: Integers above this cannot reach a database column (both backends are signed 64-bit). An id
+#: beyond it is simply not found; any other integer argument beyond it is an error.
+MAX_INT = 2**63 - 1
+#: Longest string argument (a query or a question is far shorter; a role or a session id more so).
+MAX_STRING_CHARS = 20_000
+#: Arguments whose values are short names (matched against short indexed columns).
+SHORT_STRING_CHARS = {"role": 64, "source": 64, "session_id": 255, "field": 64}
+
+_show_repr = reprlib.Repr()
+_show_repr.maxlevel, _show_repr.maxstring, _show_repr.maxother, _show_repr.maxlist = 3, 80, 80, 8
+
+
+def _show(value: Any) -> str:
+    """A short rendering of a caller's value for an error message (never recursion-deep)."""
+    return _show_repr.repr(value)
 
 
 class ArgumentError(ValueError):
@@ -87,16 +106,27 @@ def parse_timestamp_arg(name: str, value: Any) -> float:
     raise ArgumentError(f"{name} must be Unix seconds or an ISO-8601 time with a time zone")
 
 
+def _check_text(name: str, value: str) -> None:
+    """Text a database can take and of a sensible length: NUL and unpaired surrogates are
+    refused here, not deep inside a query."""
+    limit = SHORT_STRING_CHARS.get(name, MAX_STRING_CHARS)
+    if len(value) > limit:
+        raise ArgumentError(f"{name} must be at most {limit} characters, got {len(value)}")
+    if not codec.is_clean(value.replace("\x01", "")):
+        raise ArgumentError(f"{name} contains a NUL character or an unpaired surrogate "
+                            "(not text): send plain text")
+
+
 def parse_args(tool: str, spec: Sequence[Arg], args: Any) -> Parsed:
     if args is None:
         args = {}
     if not isinstance(args, Mapping):
         raise ArgumentError(f"{tool} takes a JSON object of arguments, got {type(args).__name__}")
     known = {a.name: a for a in spec}
-    unknown = sorted(k for k in args if k not in known)
+    unknown = sorted((k for k in args if not isinstance(k, str) or k not in known), key=repr)
     if unknown:
-        raise ArgumentError(f"{tool} has no argument {', '.join(map(repr, unknown))}; it accepts: "
-                            f"{', '.join(a.name for a in spec) or 'no arguments'}")
+        raise ArgumentError(f"{tool} has no argument {', '.join(_show(k) for k in unknown)}; it "
+                            f"accepts: {', '.join(a.name for a in spec) or 'no arguments'}")
     values: dict[str, Any] = {}
     clamped: dict[str, int] = {}
     for arg in spec:
@@ -116,12 +146,15 @@ def _convert(tool: str, arg: Arg, raw: Any, clamped: dict[str, int]) -> Any:
         if not isinstance(raw, str):
             raise ArgumentError(f"{name} must be a string, got {type(raw).__name__}")
         if arg.choices and raw not in arg.choices:
-            raise ArgumentError(f"{name} must be one of {', '.join(arg.choices)}; got {raw!r}")
+            raise ArgumentError(f"{name} must be one of {', '.join(arg.choices)}; got {_show(raw)}")
+        _check_text(name, raw)
         return raw
     if arg.kind == "integer":
         if not _is_int(raw):
             raise ArgumentError(f"{name} must be a JSON integer (not a string, float or boolean), "
-                                f"got {raw!r}")
+                                f"got {_show(raw)}")
+        if raw > MAX_INT and arg.cap is None and not name.endswith("_id"):
+            raise ArgumentError(f"{name} must be below 2^63, got {_show(raw)}")
         if arg.minimum is not None and raw < arg.minimum:
             raise ArgumentError(f"{name} must be at least {arg.minimum}, got {raw}")
         if arg.cap is not None and raw > arg.cap:
@@ -130,11 +163,11 @@ def _convert(tool: str, arg: Arg, raw: Any, clamped: dict[str, int]) -> Any:
         return raw
     if arg.kind == "number":
         if not (_is_int(raw) or isinstance(raw, float)):
-            raise ArgumentError(f"{name} must be a number, got {raw!r}")
+            raise ArgumentError(f"{name} must be a number, got {_show(raw)}")
         return raw
     if arg.kind == "boolean":
         if not isinstance(raw, bool):
-            raise ArgumentError(f"{name} must be true or false, got {raw!r}")
+            raise ArgumentError(f"{name} must be true or false, got {_show(raw)}")
         return raw
     if arg.kind == "timestamp":
         return parse_timestamp_arg(name, raw)
@@ -142,11 +175,14 @@ def _convert(tool: str, arg: Arg, raw: Any, clamped: dict[str, int]) -> Any:
         want_int = arg.kind == "integer_list"
         if not isinstance(raw, list) or not all(_is_int(v) if want_int else isinstance(v, str) for v in raw):
             kind = "integers" if want_int else "strings"
-            raise ArgumentError(f"{name} must be a list of {kind}, got {raw!r}")
+            raise ArgumentError(f"{name} must be a list of {kind}, got {_show(raw)}")
+        for v in raw:
+            if isinstance(v, str):
+                _check_text(name, v)
         if arg.choices:
             bad = [v for v in raw if v not in arg.choices]
             if bad:
-                raise ArgumentError(f"{name} may only contain {', '.join(arg.choices)}; got {bad!r}")
+                raise ArgumentError(f"{name} may only contain {', '.join(arg.choices)}; got {_show(bad)}")
         if arg.cap is not None and len(raw) > arg.cap:
             clamped[name] = len(raw)
             return raw[: arg.cap]

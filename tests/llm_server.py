@@ -20,6 +20,8 @@ class Reply:
     status: int = 200
     body: Any = None  # dict -> JSON; str -> raw text
     delay: float = 0.0
+    drip: float = 0.0  # seconds between bytes of the body (a server that dribbles its answer)
+    close: bool = False  # close the connection without answering
 
 
 def completion(text: str | None, *, tool_calls: list[dict] | None = None, model: str = "scripted",
@@ -104,6 +106,10 @@ class ScriptedLLM:
                     reply = error(500, f"handler raised {type(exc).__name__}: {exc}")
                 if reply.delay:
                     time.sleep(reply.delay)
+                if reply.close:
+                    self.close_connection = True
+                    self.connection.close()
+                    return
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
                     self._stream(reply.body, include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
                 else:
@@ -131,8 +137,14 @@ class ScriptedLLM:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
+                    if reply.drip:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(reply.drip)
+                    else:
+                        self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError, OSError):
                     pass  # the client gave up (a timeout test)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
