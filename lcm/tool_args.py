@@ -106,15 +106,23 @@ def parse_timestamp_arg(name: str, value: Any) -> float:
     raise ArgumentError(f"{name} must be Unix seconds or an ISO-8601 time with a time zone")
 
 
-def _check_text(name: str, value: str) -> None:
-    """Text a database can take and of a sensible length: NUL and unpaired surrogates are
-    refused here, not deep inside a query."""
+#: Free text arguments: NUL and unpaired surrogates in them become spaces, as they do in what
+#: the search index holds, so any text is a search (never an error). In a name they are refused.
+FREE_TEXT = frozenset({"query", "prompt"})
+
+
+def _check_text(name: str, value: str) -> str:
+    """Text a database can take and of a sensible length, refused here (not deep inside a
+    query) when it is not."""
     limit = SHORT_STRING_CHARS.get(name, MAX_STRING_CHARS)
     if len(value) > limit:
         raise ArgumentError(f"{name} must be at most {limit} characters, got {len(value)}")
-    if not codec.is_clean(value.replace("\x01", "")):
-        raise ArgumentError(f"{name} contains a NUL character or an unpaired surrogate "
-                            "(not text): send plain text")
+    if codec.is_clean(value.replace("\x01", "")):
+        return value
+    if name in FREE_TEXT:
+        return codec.strip_unstorable(value)
+    raise ArgumentError(f"{name} contains a NUL character or an unpaired surrogate "
+                        "(not text): send plain text")
 
 
 def parse_args(tool: str, spec: Sequence[Arg], args: Any) -> Parsed:
@@ -147,8 +155,7 @@ def _convert(tool: str, arg: Arg, raw: Any, clamped: dict[str, int]) -> Any:
             raise ArgumentError(f"{name} must be a string, got {type(raw).__name__}")
         if arg.choices and raw not in arg.choices:
             raise ArgumentError(f"{name} must be one of {', '.join(arg.choices)}; got {_show(raw)}")
-        _check_text(name, raw)
-        return raw
+        return _check_text(name, raw)
     if arg.kind == "integer":
         if not _is_int(raw):
             raise ArgumentError(f"{name} must be a JSON integer (not a string, float or boolean), "

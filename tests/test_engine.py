@@ -424,3 +424,53 @@ def test_two_agents_on_one_database_stay_apart(db_url):
     b.on_turn_complete([{"role": "user", "content": "bob note"}])
     assert a.session.id != b.session.id
     assert json.loads(b.handle_tool_call("lcm_grep", {"query": "kumquat", "session_scope": "all"}))["results"] == []
+
+
+def test_a_failed_session_start_never_files_messages_under_another_session(make_engine, monkeypatch):
+    """Issue 13.5: when on_session_start failed (database locked or down), the host's messages
+    went to a session called "default", merging conversations."""
+    from lcm.errors import DatabaseUnavailableError
+    from lcm.store import Store
+
+    engine = make_engine(context_length=1_000_000)
+    real = Store.get_or_create_session
+    down = {"on": True}
+
+    def flaky(self, *args, **kwargs):
+        if down["on"]:
+            raise DatabaseUnavailableError("the database is down (test)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "get_or_create_session", flaky)
+    engine.on_session_start("intended", platform="cli")
+    transcript = [SYSTEM, *conversation(2)]
+    engine.on_turn_complete(transcript)  # still down: nothing stored anywhere, nothing raised
+    status = json.loads(engine.handle_tool_call("lcm_status", {}))
+    assert "unavailable" in status["error"]
+    down["on"] = False
+    transcript = transcript + conversation(3)[len(transcript) - 1:]
+    engine.on_turn_complete(transcript)
+    store = engine.store
+    assert store.find_session(engine.agent_id, "default") is None
+    intended = store.find_session(engine.agent_id, "intended")
+    assert [r.message for r in store.get_messages(intended.id)] == transcript[1:]
+    assert intended.platform == "cli"
+
+
+def test_host_hooks_tolerate_unknown_keyword_arguments(make_engine):
+    """Issue 13.9: update_model, on_session_end and on_session_reset raised TypeError."""
+    engine = make_engine()
+    engine.on_session_start("s", future_flag=True)
+    engine.update_model("m", 5000, base_url="", api_key="", provider="p", api_mode="chat", new_kw=1)
+    engine.on_turn_complete([SYSTEM, *conversation(1)], usage={"prompt_tokens": 5}, extra=2)
+    engine.on_session_end("s", [SYSTEM, *conversation(1)], reason="exit")
+    engine.on_session_reset(reason="new")
+    assert engine.context_length == 5000
+
+
+def test_the_system_message_comes_back_without_the_host_marker(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    system = {**SYSTEM, "_db_persisted": True}
+    out = engine.compress([system, *conversation(12)], current_tokens=9999)
+    assert out[0] == SYSTEM and "_db_persisted" not in out[0]

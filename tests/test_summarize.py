@@ -56,12 +56,25 @@ def test_too_long_then_bullets(llm):
     assert "terse bullet points" in llm.requests[1]["messages"][0]["content"]
 
 
-def test_nothing_usable_falls_back_to_marked_truncation(llm):
+def test_nothing_usable_falls_back_to_the_extractive_summary(llm):
+    """Issue 13.8: with an LLM route configured there used to be no extractive fallback, and the
+    truncation gave nothing for small chunks, so compaction stalled."""
     llm.handler = lambda body: completion(SOURCE * 2)
+    draft = summarizer(llm).summarize(REQUEST)
+    assert draft.kind == "extractive" and draft.route == "extractive"
+    assert draft.token_count < REQUEST.source_tokens
+    assert any("not shorter" in n for n in draft.notes)
+    assert len(llm.requests) == 2  # normal and bullets: bounded, no loop
+
+
+def test_truncation_is_the_last_resort(llm, monkeypatch):
+    import lcm.summarize as summarize_module
+
+    llm.handler = lambda body: completion(SOURCE * 2)
+    monkeypatch.setattr(summarize_module, "extractive_summary", lambda request, tokens: SOURCE * 3)
     draft = summarizer(llm).summarize(REQUEST)
     assert draft.kind == "truncated" and draft.content.startswith("[truncated, not summarized")
     assert draft.token_count < REQUEST.source_tokens
-    assert len(llm.requests) == 2  # normal and bullets: bounded, no loop
 
 
 @pytest.mark.parametrize("bad", [completion(""), error(500), error(429)])
@@ -110,7 +123,7 @@ def test_authentication_failure_is_loud_and_opens_the_breaker(llm, caplog):
     s = summarizer(llm)
     with caplog.at_level(logging.ERROR, logger="lcm.summarize"):
         draft = s.summarize(REQUEST)
-    assert draft.kind == "truncated" and "auth" in draft.content
+    assert draft.kind == "extractive" and any("auth" in n for n in draft.notes)
     assert any("authentication failed" in r.message for r in caplog.records if r.levelno == logging.ERROR)
     state = s.describe()["breaker"]
     assert list(state.values())[0]["state"] == "auth_failed"

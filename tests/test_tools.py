@@ -684,3 +684,57 @@ def test_lcm_own_calls_and_results_are_stored_but_not_searchable(chat):
     assert [h["role"] for h in message_hits(again)] == ["assistant", "tool", "assistant", "user"]
     stored_now = [r.message for r in chat.stored()]
     assert ask in stored_now and live[-3] in stored_now  # stored verbatim all the same
+
+
+# --------------------------------------------------------------------------- issue 13.10, 13.11
+
+
+def test_node_ids_of_another_session_of_the_agent_are_not_found(make_engine):
+    """Issue 13.10: lcm_describe and lcm_expand by node_id answered for another session's node."""
+    first = build_chat(make_engine)
+    node = call(first.engine, "lcm_describe")["depths"]["d0"]["nodes"][0]["node_id"]
+    assert call(first.engine, "lcm_describe", node_id=node)["node_id"] == node
+    other = make_engine()
+    other.on_session_start("another-session")
+    other.on_turn_complete([SYSTEM, *turn(0)])
+    for tool, args in (("lcm_describe", {"node_id": node}), ("lcm_expand", {"node_id": node}),
+                       ("lcm_expand_query", {"prompt": "?", "node_ids": [node]})):
+        res = json.loads(other.handle_tool_call(tool, args))
+        assert "not found" in json.dumps(res).lower() or res.get("evidence_count", 0) == 0, (tool, res)
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("lcm_grep", {"query": "nul \x00 byte"}),
+    ("lcm_grep", {"query": "lone \ud800 surrogate"}),
+    ("lcm_grep", {"query": "x", "role": "r" * 100}),
+    ("lcm_grep", {"query": "x", "session_scope": "session", "session_id": "s" * 300}),
+    ("lcm_grep", {"query": "x", "limit": 2**64}),
+    ("lcm_expand", {"store_id": 1, "content_offset": 2**63}),
+    ("lcm_expand", {"node_id": 1, "source_offset": 2**70}),
+    ("lcm_load_session", {"session_id": "s", "after_store_id": 2**64}),
+    ("lcm_grep", {1: "x", "query": "y"}),
+    ("lcm_grep", {"query": "x", "role": ["deep"] }),
+])
+def test_odd_tool_arguments_are_argument_errors_never_internal_ones(make_engine, tool, args):
+    """Issue 13.11: such calls reached the database and failed "inside lcm" with a traceback."""
+    engine = make_engine()
+    engine.on_session_start("s")
+    engine.on_turn_complete([SYSTEM, *turn(0)])
+    res = json.loads(engine.handle_tool_call(tool, args))
+    if "error" in res:
+        assert "inside lcm" not in res["error"], res
+    assert engine.get_status()["last_error"] is None, engine.get_status()["last_error"]
+
+
+def test_arguments_nested_thousands_deep_are_refused_cleanly(make_engine):
+    engine = make_engine()
+    engine.on_session_start("s")
+    deep: list = []
+    node = deep
+    for _ in range(3000):
+        node.append([])
+        node = node[0]
+    for args in ({"query": deep}, {"query": "x", "roles": deep}, {"prompt": "q", "node_ids": deep}):
+        for tool in ("lcm_grep", "lcm_load_session", "lcm_expand_query"):
+            res = json.loads(engine.handle_tool_call(tool, args))
+            assert "error" in res and "inside lcm" not in res["error"], (tool, res)

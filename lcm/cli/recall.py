@@ -177,6 +177,14 @@ def _time_arg(value: str | None) -> Any:
         return value
 
 
+def attach_to_node(engine: Any, node_id: int) -> None:
+    """Bind to the session a node belongs to: the agent tools answer for the current session's
+    nodes only, while a person at the command line names any node of the agent."""
+    node = engine.store.get_summary(node_id, agent=engine.agent_id)
+    if node is not None:
+        engine.attach(engine.store.get_session(node.session_pk).session_key)
+
+
 @click.command("describe")
 @click.argument("node", required=False)
 @url_option
@@ -209,6 +217,8 @@ def describe_command(node: str | None, url: str | None, agent: str, as_json: boo
     node_id = _node_id(node)
     if session_key:
         engine.attach(session_key)
+    else:
+        attach_to_node(engine, node_id)
     res = tool(engine, "lcm_describe", node_id=node_id)
     if as_json:
         emit_json(res)
@@ -266,6 +276,7 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
         say("")
         click.echo(text)
         return
+    attach_to_node(engine, ident)
     sources: list[dict[str, Any]] = []
     offset: int | None = 0
     head = None
