@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 EXPAND_PREFIX = "Expand for details about:"
 EXTRACTIVE_MARKER = "[extractive summary — no LLM summarizer configured; lcm_expand has the exact text]"
+#: The same summary standing in for an LLM that failed (same opening: parsed alike).
+FALLBACK_MARKER = "[extractive summary — the LLM summarizer failed; lcm_expand has the exact text]"
 TRUNCATED_MARKER = "[truncated, not summarized: {reason}; lcm_expand has the exact text]"
 AUTH_COOLDOWN_FACTOR = 12
 #: A completion larger than this is refused (a runaway or hostile server), not read to the end.
@@ -413,14 +415,14 @@ def _clip_line(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[: max(10, chars - 1)].rstrip() + "…"
 
 
-def extractive_summary(request: SummaryRequest, tokens: TokenCounter) -> str:
+def extractive_summary(request: SummaryRequest, tokens: TokenCounter, marker: str = EXTRACTIVE_MARKER) -> str:
     """A deterministic summary made of the source's own words: every message (or child
     summary) keeps its opening, clipped to a fair share of the budget, then lines carrying
     paths, commands, values, decisions or errors fill what is left."""
     units = _units(request)
     budget_chars = int(max(20, request.target_tokens) * CHARS_PER_TOKEN * 0.9)
     if not units:
-        return EXTRACTIVE_MARKER + "\n" + request.source.strip()[:budget_chars]
+        return marker + "\n" + request.source.strip()[:budget_chars]
     share = max(60, budget_chars // len(units))
     picked: list[list[str]] = []
     used = 0
@@ -442,7 +444,7 @@ def extractive_summary(request: SummaryRequest, tokens: TokenCounter) -> str:
                 if used + len(piece) + 1 <= budget_chars:
                     out.append("  " + piece)
                     used += len(piece) + 3
-    text = EXTRACTIVE_MARKER + "\n" + "\n".join(line for block in picked for line in block)
+    text = marker + "\n" + "\n".join(line for block in picked for line in block)
     while tokens.count_text(text) > request.target_tokens and len(text) > 200:
         text = text[: int(len(text) * 0.85)].rstrip() + "…"
     return text
@@ -613,7 +615,7 @@ class Summarizer:
                 break
         reason = "; ".join(problems[-3:]) or "no summarizer produced a usable result"
         if routes:  # the LLM failed: the deterministic extractive summary keeps compaction going
-            accepted = self._accept(extractive_summary(request, self.tokens), request)
+            accepted = self._accept(extractive_summary(request, self.tokens, FALLBACK_MARKER), request)
             if not isinstance(accepted, str):
                 content, hint, count = accepted
                 self.last_route = "extractive"

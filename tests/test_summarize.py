@@ -62,6 +62,7 @@ def test_nothing_usable_falls_back_to_the_extractive_summary(llm):
     llm.handler = lambda body: completion(SOURCE * 2)
     draft = summarizer(llm).summarize(REQUEST)
     assert draft.kind == "extractive" and draft.route == "extractive"
+    assert draft.content.startswith("[extractive summary — the LLM summarizer failed")
     assert draft.token_count < REQUEST.source_tokens
     assert any("not shorter" in n for n in draft.notes)
     assert len(llm.requests) == 2  # normal and bullets: bounded, no loop
@@ -71,7 +72,7 @@ def test_truncation_is_the_last_resort(llm, monkeypatch):
     import lcm.summarize as summarize_module
 
     llm.handler = lambda body: completion(SOURCE * 2)
-    monkeypatch.setattr(summarize_module, "extractive_summary", lambda request, tokens: SOURCE * 3)
+    monkeypatch.setattr(summarize_module, "extractive_summary", lambda request, tokens, marker="": SOURCE * 3)
     draft = summarizer(llm).summarize(REQUEST)
     assert draft.kind == "truncated" and draft.content.startswith("[truncated, not summarized")
     assert draft.token_count < REQUEST.source_tokens
