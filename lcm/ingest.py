@@ -67,9 +67,6 @@ START_CANDIDATES = 256
 WINDOW_SLACK = 256
 #: How many forks deep one alignment follows (a fork of a fork of ...).
 MAX_FOLLOW = 32
-#: Kept for callers that tuned against the old look-ahead rule (no longer used: a transcript
-#: that skips stored messages has diverged from them).
-LOOKAHEAD = 64
 
 
 @dataclass
@@ -189,10 +186,9 @@ class Ingestor:
         extra = conversation_of(appended, self.own)
         summaries = seen.summaries + len(appended) - len(extra)
         good, bad = _partition(extra)
-        skipped = self._note_skipped(seen.session, bad)
+        unnoted = self._unnoted(seen.session, bad)
         if not good:
-            if skipped:
-                self.store.add_skipped(seen.session.id, skipped)
+            self._count_skipped(seen.session, unnoted)
             return _Seen(seen.objects, seen.store_ids, seen.token_counts, seen.session,
                          seen.end_seq, seen.end_identity, 0, summaries=summaries,
                          recall=seen.recall, skipped=seen.skipped + len(bad))
@@ -205,8 +201,7 @@ class Ingestor:
                 expect_last_seq=seen.end_seq, recall_call_ids=recall)
         except ConcurrentUpdateError:
             return None
-        if skipped:
-            self.store.add_skipped(seen.session.id, skipped)
+        self._count_skipped(result.session, unnoted)
         extended = _Seen(seen.objects + good, seen.store_ids + list(result.store_ids),
                          seen.token_counts + list(result.token_counts), result.session,
                          result.session.last_seq, result.last_identity, len(good),
@@ -246,10 +241,11 @@ class Ingestor:
                 for i, sid, tok in zip(plan.new_idx, result.store_ids, result.token_counts, strict=True):
                     plan.mapped[i], plan.tokens[i] = sid, tok
                 target, end_id, end_identity = result.session, result.store_ids[-1], result.last_identity
-            skipped = self._note_skipped(target, bad)
-            writer.add_skipped(target.id, skipped)
-            if skipped:
+            unnoted = self._unnoted(target, bad)
+            if unnoted:
+                writer.add_skipped(target.id, len(unnoted))
                 target = writer.session(target.id)
+        self._noted(target, unnoted)  # only once the count is committed
         if forked:
             self._carry_into_fork(target)
             log.warning("lcm ingest: the transcript diverged from session %s after its message %d "
@@ -276,22 +272,29 @@ class Ingestor:
         if nodes:
             self.store.carry_summaries(fork.id, [n.id for n in nodes])
 
-    def _note_skipped(self, session: SessionRecord, bad: Sequence[Any]) -> int:
-        """Log each message that cannot be stored once (per process); how many are new."""
-        if not bad:
-            return 0
-        known = self._bad.setdefault(session.id, set())
-        fresh = 0
+    def _unnoted(self, session: SessionRecord, bad: Sequence[Any]) -> list[tuple[str, Any]]:
+        """The messages that cannot be stored and this process has not counted yet (by mark)."""
+        known = self._bad.get(session.id, set())
+        out: dict[str, Any] = {}
         for message in bad:
             mark = hashlib.sha256(repr(message).encode("utf-8", "backslashreplace")).hexdigest()
-            if mark in known:
-                continue
+            if mark not in known:
+                out.setdefault(mark, message)
+        return list(out.items())
+
+    def _count_skipped(self, session: SessionRecord, unnoted: list[tuple[str, Any]]) -> None:
+        if unnoted:
+            self.store.add_skipped(session.id, len(unnoted))
+            self._noted(session, unnoted)
+
+    def _noted(self, session: SessionRecord, unnoted: list[tuple[str, Any]]) -> None:
+        """Counted on the session: remember them, and log each once (per process)."""
+        known = self._bad.setdefault(session.id, set())
+        for mark, message in unnoted:
             known.add(mark)
-            fresh += 1
             log.warning("lcm ingest: a message of session %s cannot be stored (%s); it is skipped, "
                         "the rest of the transcript is stored", session.session_key,
                         unstorable_reason(message))
-        return fresh
 
     @staticmethod
     def _result(seen: _Seen) -> IngestResult:
@@ -358,9 +361,7 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
             mapped[i], tokens[i] = metas[p].store_id, metas[p].token_count
             i, p = i + 1, p + 1
         if i == n or p == len(stored):
-            target = owners[-1] if owners else target
-            anchor = metas[-1].identity if metas else anchor
-            end_store_id = metas[-1].store_id if metas else end_store_id
+            target, anchor, end_store_id = owners[-1], metas[-1].identity, metas[-1].store_id
             break
         # Diverged after stored position p - 1: continue a fork that starts the same way, or
         # start one.
@@ -377,17 +378,17 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
             break
         fork, head = follow
         metas, owners, stored, p = head, [fork] * len(head), [meta_key(m) for m in head], 0
-    new_idx = [i for i in range(n) if mapped[i] is None]
     # Messages before the alignment start that the store knows elsewhere (the host kept or
     # moved them) are not new.
-    known = {stored_key: m for stored_key, m in zip((meta_key(m) for m in lineage.metas), lineage.metas)}
     older: dict[str, MessageMeta] | None = None
-    for i in [i for i in new_idx if i < first]:
-        hit = known.get(keys[i])
-        if hit is None and lineage.metas and lineage.metas[0].seq > 1 and older is None:
-            older = {meta_key(m): m for m in reader.metas(session.id, 1, lineage.metas[0].seq - 1)
-                     } if lineage.owners[0].id == session.id else {}
-        hit = hit or (older or {}).get(keys[i])
+    for i in range(first):
+        if keys[i] in positions:
+            hit: MessageMeta | None = lineage.metas[positions[keys[i]][0]]
+        else:
+            if older is None:  # rare: a full look-up of the session before the window
+                older = {meta_key(m): m for m in reader.metas(session.id, 1, lineage.metas[0].seq - 1)
+                         } if lineage.owners[0].id == session.id and lineage.metas[0].seq > 1 else {}
+            hit = older.get(keys[i])
         if hit is not None:
             mapped[i], tokens[i] = hit.store_id, hit.token_count
         else:

@@ -236,3 +236,20 @@ def lineage(store: Store, session) -> list[dict]:
     if session.parent_id is None:
         return own
     return lineage(store, store.get_session(session.parent_id))[: session.fork_seq] + own
+
+
+def test_a_bad_message_is_counted_when_another_writer_forced_a_full_alignment(db_url):
+    """The fast path gives way to full alignment when another writer appended meanwhile; a
+    message that cannot be stored is still counted exactly once."""
+    Store.open(db_url, upgrade=True)
+    a, b = engine_on(db_url), engine_on(db_url)
+    a.on_session_start("s")
+    b.on_session_start("s")
+    transcript = [SYSTEM, *workers.turn("t", 0)]
+    a.on_turn_complete(transcript)
+    b.on_turn_complete(list(transcript) + workers.turn("t", 1))
+    transcript += [None, *workers.turn("t", 1), *workers.turn("t", 2)]
+    a.on_turn_complete(transcript)
+    a.on_turn_complete(transcript)
+    assert rows(a.store, a.session.id) == [m for i in range(3) for m in workers.turn("t", i)]
+    assert a.store.get_session(a.session.id).skipped_count == 1
