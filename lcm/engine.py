@@ -176,7 +176,6 @@ class LcmEngine(ContextEngineBase):
         try:
             with self._lock:
                 self._session = None
-                self._pending_start = (session_id, dict(kwargs))
                 self._start_session(session_id, kwargs)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self._failed("on_session_start", exc)

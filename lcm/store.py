@@ -120,6 +120,11 @@ _BUMP_SESSION = (
 )
 
 
+def _add_skipped(session_pk: int, count: int):
+    return update(sessions_t).where(sessions_t.c.id == session_pk).values(
+        skipped_count=sessions_t.c.skipped_count + count)
+
+
 def _first_of_each(identities: Sequence[str]) -> list[int]:
     """Indexes of the first occurrence of each identity (a uid repeated in one call is one row)."""
     seen: set[str] = set()
@@ -431,21 +436,23 @@ class Store:
         with self._read() as conn:
             return list(conn.execute(select(agents_t.c.name).order_by(agents_t.c.id)).scalars())
 
-    def forks(self, parent_pk: int, fork_seq: int | None = None) -> list[SessionRecord]:
-        """The forks of a session (those branching off after message ``fork_seq`` when given),
-        oldest first."""
+    def _forks_select(self, parent_pk: int, fork_seq: int | None):
         stmt = self._session_select().where(sessions_t.c.parent_id == parent_pk)
         if fork_seq is not None:
             stmt = stmt.where(sessions_t.c.fork_seq == fork_seq)
+        return stmt.order_by(sessions_t.c.id)
+
+    def forks(self, parent_pk: int, fork_seq: int | None = None) -> list[SessionRecord]:
+        """The forks of a session (those branching off after message ``fork_seq`` when given),
+        oldest first."""
         with self._read() as conn:
-            return [self._session_record(r) for r in conn.execute(stmt.order_by(sessions_t.c.id)).all()]
+            return [self._session_record(r) for r in conn.execute(self._forks_select(parent_pk, fork_seq))]
 
     def add_skipped(self, session_pk: int, count: int) -> None:
         """Count messages of the session that could not be stored at all."""
         if count > 0:
             with self._write() as conn:
-                conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
-                    skipped_count=sessions_t.c.skipped_count + count))
+                conn.execute(_add_skipped(session_pk, count))
 
     def remember_generated(self, agent: str, digests: Collection[str]) -> None:
         """Record messages lcm generated for a context (see ``lcm.transcript.generated_digest``)."""
@@ -756,13 +763,15 @@ class Store:
                 messages_t.c.session_id == session_pk).order_by(messages_t.c.seq.desc()).limit(count)).all()
         return self._metas(list(reversed(rows)))
 
+    def _metas_select(self, session_pk: int, first_seq: int, last_seq: int):
+        return select(*self._META_COLUMNS).where(
+            messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
+            messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)
+
     def message_metas(self, session_pk: int, *, first_seq: int, last_seq: int) -> list[MessageMeta]:
         """Messages ``first_seq..last_seq`` without bodies (for planning a compaction chunk)."""
         with self._read() as conn:
-            rows = conn.execute(select(*self._META_COLUMNS).where(
-                messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
-                messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)).all()
-        return self._metas(rows)
+            return self._metas(conn.execute(self._metas_select(session_pk, first_seq, last_seq)).all())
 
     def raw_region(self, session_pk: int) -> RawRegion:
         """The messages not covered by a leaf: everything after the session's covered prefix.
@@ -1337,17 +1346,13 @@ class FamilyWriter:
         return self.store._session_record(row)
 
     def metas(self, session_pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]:
-        rows = self.conn.execute(select(*Store._META_COLUMNS).where(
-            messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
-            messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)).all()
-        return self.store._metas(rows)
+        return self.store._metas(self.conn.execute(
+            self.store._metas_select(session_pk, first_seq, last_seq)).all())
 
     def forks(self, parent_pk: int, fork_seq: int) -> list[SessionRecord]:
         """The forks of ``parent_pk`` that branch off after its message ``fork_seq``, oldest first."""
-        rows = self.conn.execute(self.store._session_select().where(
-            sessions_t.c.parent_id == parent_pk, sessions_t.c.fork_seq == fork_seq).order_by(
-            sessions_t.c.id)).all()
-        return [self.store._session_record(r) for r in rows]
+        return [self.store._session_record(r)
+                for r in self.conn.execute(self.store._forks_select(parent_pk, fork_seq))]
 
     def append(self, session_pk: int, prepared: Sequence[PreparedMessage], *,
                after_identity: str | None) -> AppendResult:
@@ -1378,8 +1383,7 @@ class FamilyWriter:
 
     def add_skipped(self, session_pk: int, count: int) -> None:
         if count > 0:
-            self.conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
-                skipped_count=sessions_t.c.skipped_count + count))
+            self.conn.execute(_add_skipped(session_pk, count))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ is a configuration problem a person has to fix, not something to paper over.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -193,8 +194,6 @@ class OpenAICompatibleRoute:
         if status >= 400:
             raise RouteError("http", f"HTTP {status}: {text[:200]}")
         try:
-            import json
-
             data = json.loads(text)
             content = data["choices"][0]["message"].get("content")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:

@@ -100,8 +100,9 @@ def host_same_transcript(url: str, session_key: str, turns: int, seed: int,
     wait_until(start_at)
     transcript: list[dict] = [{"role": "system", "content": "shared system"}]
     for i in range(turns):
-        transcript = transcript + turn("shared", i) if rng.random() < 0.3 else transcript
-        if len(transcript) == 1 + 4 * i:  # not extended above: extend in place
+        if rng.random() < 0.3:
+            transcript = transcript + turn("shared", i)  # a new list, as a restarted host sends
+        else:
             transcript.extend(turn("shared", i))
         if rng.random() < 0.1:
             engine = _engine(url)
