@@ -105,11 +105,18 @@ def assemble(
     overhead: int,
     tokens: TokenCounter,
     skipped: tuple[int, int, int] | None = None,
+    newest_user_seq: int | None = None,
 ) -> Assembly:
     """Build the context (see the module docstring). ``raw`` is the stored messages after the
     summarized prefix, in order; ``tail_start_seq`` is where the protected fresh tail begins;
     ``skipped`` = (first seq, last seq, count) of older raw messages the caller did not load
-    because they cannot fit anyway (they are reported as left out)."""
+    because they cannot fit anyway (they are reported as left out).
+
+    When even the fresh tail with no summary does not fit, the tail shrinks: it starts at a
+    later assistant message, or at the newest user message (``newest_user_seq``), which with
+    everything after it always stays; what is left out is reported in the summary message.
+    Only when that newest turn alone is over the budget is the result ``over_budget`` (and
+    then the fresh tail is kept whole)."""
     sys_tokens = tokens.count_message_text(message_text(system)) if system is not None else 0
     raw_tokens = [r.token_count for r in raw]
     tail_idx = next((i for i, r in enumerate(raw) if r.seq >= tail_start_seq), len(raw))
@@ -151,4 +158,12 @@ def assemble(
     for dropped in range(1, len(nodes) + 1):
         if build(last_start, nodes[dropped:], dropped)[1] <= budget:  # type: ignore[operator]
             return result(last_start, nodes[dropped:], dropped, False)
+    newest_user = next((i for i, r in enumerate(raw) if r.seq == newest_user_seq), None)
+    later = [i for i in range(last_start + 1, len(raw))
+             if i == newest_user or (raw[i].role == "assistant" and (newest_user is None or i < newest_user))]
+    for start in later:  # the tail itself shrinks, down to the newest user turn
+        if build(start, (), len(nodes))[1] <= budget:  # type: ignore[operator]
+            return result(start, (), len(nodes), False)
+    # Not even the newest turn fits: hand back the fresh tail as it is, reported over budget
+    # (leaving out more verbatim messages would lose context without making the prompt fit).
     return result(last_start, (), len(nodes), True)

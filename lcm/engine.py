@@ -477,7 +477,8 @@ class LcmEngine(ContextEngineBase):
         raw = self.store.get_messages(session.id, first_seq=load_from)
         return assemble(system=system, nodes=view.nodes, carried_ids=frozenset(n.id for n in view.carried),
                         raw=raw, tail_start_seq=plan.tail_start, budget=budget,
-                        overhead=self._overhead, tokens=self.tokens, skipped=skipped)
+                        overhead=self._overhead, tokens=self.tokens, skipped=skipped,
+                        newest_user_seq=plan.newest_user)
 
     def _backlog_start(self, session: SessionRecord, tail_start: int, budget: int) -> int:
         """Where to start loading raw messages when the raw region is far beyond the budget:

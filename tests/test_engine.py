@@ -307,6 +307,23 @@ def test_assembly_cap_holds_whenever_the_tail_fits(make_engine):
     assert sequence_problems(out, system=SYSTEM) == []
 
 
+def test_a_tail_bigger_than_the_cap_shrinks_to_the_newest_turn(make_engine):
+    """Issue 13 (assembly cap on every turn): a fresh tail of 30 messages over the cap used to
+    be handed back whole and over budget; it now starts later, keeping the newest user turn
+    and its tool calls with their results."""
+    from tests.conversation import turn
+
+    engine = make_engine(context_length=100_000, max_assembly_tokens=700, fresh_tail_count=30,
+                         max_passes=1)
+    engine.on_session_start("s")
+    transcript = [SYSTEM, *conversation(12, size=60)]
+    out = engine.compress(transcript)
+    last = engine.get_status()["last_compaction"]
+    assert not last["over_budget"] and last["assembled_tokens"] <= 700, last
+    assert out[-len(turn(11, size=60)):] == turn(11, size=60)  # the newest turn, whole
+    assert sequence_problems(out, system=SYSTEM) == []
+
+
 def test_a_tail_bigger_than_the_cap_is_reported(make_engine):
     engine = make_engine(context_length=100_000, max_assembly_tokens=300, fresh_tail_count=30)
     engine.on_session_start("s")
