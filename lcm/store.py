@@ -1165,6 +1165,7 @@ class Store:
             results.extend(self._check_counters(conn))
             results.extend(self._check_coverage(conn))
             results.extend(self._check_edges(conn))
+            results.append(self._check_duplicates(conn))
             results.append(self._check_summary_sizes(conn))
         return results
 
@@ -1283,6 +1284,26 @@ class Store:
         return [CheckResult("dag_edges", "fail" if problems else "ok",
                             "; ".join(problems) if problems else
                             "edges are consistent: no orphans, depth+1 parents, one parent each")]
+
+    def _check_duplicates(self, conn: Connection) -> CheckResult:
+        """Messages stored twice in one session. A tool result answers one call id, which a
+        model issues once: the same result for the same id twice in a session is a duplicate
+        (what two writers on one session produced before ingest aligned under a lock). Text
+        alone ("ok", "ok") is never taken for a duplicate: people repeat themselves."""
+        m = messages_t
+        dup = select(m.c.session_id, func.count().label("n")).where(
+            m.c.role == "tool", m.c.tool_call_id.is_not(None)).group_by(
+            m.c.session_id, m.c.tool_call_id, m.c.content_hash).having(func.count() > 1).subquery()
+        rows = conn.execute(select(dup.c.session_id, func.sum(dup.c.n - 1)).group_by(
+            dup.c.session_id).order_by(dup.c.session_id).limit(10)).all()
+        if not rows:
+            return CheckResult("duplicate_messages", "ok",
+                               "no tool result is stored twice for the same call in a session")
+        listed = ", ".join(f"session {sid}: {int(extra)}" for sid, extra in rows)
+        return CheckResult("duplicate_messages", "warn",
+                           f"tool results stored twice for the same call ({listed}): written by "
+                           "two hosts on one session before lcm aligned writers under a lock; "
+                           "nothing is lost, the copies are extra")
 
     def _check_summary_sizes(self, conn: Connection) -> CheckResult:
         s = summaries_t

@@ -91,3 +91,17 @@ def test_a_row_filed_under_another_agent_is_found(store, populated):
         conn.execute(text("UPDATE lcm_messages SET agent_id = :a WHERE id = :i"),
                      {"a": other.agent_pk, "i": ids[0]})
     assert statuses(store)["agent_scope"] == "fail"
+
+
+def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
+    """What two writers produced before ingest aligned under a lock (issue 13.1): the doctor
+    says so. Repeated plain text ("ok", "ok") is not a duplicate."""
+    from tests.workers import turn
+
+    first = store.append_messages(session.id, turn("w", 0) + turn("w", 1))
+    assert statuses(store)["duplicate_messages"] == "ok"
+    # The pre-fix bug: turn 1 appended again after itself, chained to a different predecessor.
+    store.append_messages(session.id, turn("w", 1), after_identity=first.last_identity)
+    checks = {c.name: c for c in store.integrity_checks()}
+    assert checks["duplicate_messages"].status == "warn"
+    assert f"session {session.id}: 1" in checks["duplicate_messages"].detail
