@@ -263,13 +263,24 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        try:
-            with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
-                yield conn
-        except OperationalError as exc:
-            raise DatabaseUnavailableError(
-                f"write to {self.location} failed: {_first_line(exc)}"
-            ) from exc
+        healed = yielded = False
+        while True:
+            try:
+                with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+                    yielded = True
+                    yield conn
+                return
+            except OperationalError as exc:
+                blocked, fixed = self.backend.write_blocked(self.url, heal=True)
+                if blocked is not None:
+                    # Connections opened while the cause was there stay read-only: reopen.
+                    self.engine.dispose()
+                if fixed and not healed and not yielded:
+                    healed = True  # nothing was written yet: once more, with the cause gone
+                    continue
+                cause = f"; {blocked}" if blocked else ""
+                raise DatabaseUnavailableError(
+                    f"write to {self.location} failed: {_first_line(exc)}{cause}") from exc
 
     def _step(self, name: str) -> None:
         if self._on_write_step is not None:

@@ -156,6 +156,11 @@ class Backend(ABC):
         """Bring these messages' index entries up to date after their search text changed
         (SQLite's triggers already did; PostgreSQL's vectors are written by lcm)."""
 
+    def write_blocked(self, url: URL, *, heal: bool) -> tuple[str | None, bool]:
+        """(what on this machine stops writes to the database, or None; whether lcm removed
+        that cause itself). Only files can block writes this way (SQLite)."""
+        return None, False
+
     def backup(self, engine: Engine, destination: str) -> str | None:
         """Copy the database while it is in use; None when this backend leaves that to the
         server's own tools (a PostgreSQL operator has pg_dump and PITR)."""

@@ -31,9 +31,15 @@ from lcm.textindex import Query, Term
 
 BUSY_TIMEOUT_MS = int(os.environ.get("LCM_SQLITE_BUSY_TIMEOUT_MS", "30000"))
 SAMPLE_ROWS = 200
+#: The doctor reports a write lock held longer than this (a write takes milliseconds).
+LOCK_PROBE_SECONDS = 1.0
 
 _FTS = {"messages": "lcm_messages_fts", "summaries": "lcm_summaries_fts"}
 _BASE = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
+
+
+def _mode(path: Path) -> str:
+    return oct(path.stat().st_mode & 0o777)
 
 
 def _fts5_term(term: Term) -> str:
@@ -87,6 +93,60 @@ class SQLiteBackend(Backend):
         def _on_begin(conn: Connection) -> None:
             mode = "IMMEDIATE" if conn.get_execution_options().get("lcm_write") else "DEFERRED"
             conn.exec_driver_sql(f"BEGIN {mode}")
+
+    # -- what stops writes ----------------------------------------------------------------
+
+    def write_blocked(self, url: URL, *, heal: bool) -> tuple[str | None, bool]:
+        """SQLite writes need the database file, its folder (to create ``-wal``/``-shm``) and
+        both companion files writable. SQLite creates the companions with the database file's
+        mode, so a database that was read-only for a while leaves them read-only after it is
+        writable again, and every write keeps failing, across restarts. With ``heal`` lcm gives
+        a companion it owns the database file's mode back (the only change it makes)."""
+        path = Path(str(url.database)).expanduser()
+        if not path.exists():
+            return None, False
+        if not os.access(path, os.W_OK):
+            return f"the database file {path} is read-only (mode {_mode(path)}): make it writable", False
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            return (f"the folder {path.parent} is not writable, and SQLite creates {path.name}-wal "
+                    "and -shm there: make it writable"), False
+        for suffix in ("-wal", "-shm"):
+            companion = path.with_name(path.name + suffix)
+            if not companion.exists() or os.access(companion, os.W_OK):
+                continue
+            problem = (f"{companion} is read-only (mode {_mode(companion)}) while the database "
+                       "file is writable (SQLite created it while the database was read-only)")
+            if heal and companion.stat().st_uid == os.geteuid():
+                try:
+                    companion.chmod(path.stat().st_mode & 0o777)
+                except OSError as exc:
+                    return f"{problem}; lcm could not change its mode ({exc}): chmod u+w it", False
+                return f"{problem}; lcm gave it the database file's mode", True
+            return f"{problem}: give it the database file's mode (chmod u+w)", False
+        return None, False
+
+    def write_lock_holder(self, url: URL) -> str | None:
+        """Whether another connection holds SQLite's write lock for longer than a write takes
+        (waits ``LOCK_PROBE_SECONDS``; None: it is free)."""
+        import sqlite3
+
+        path = Path(str(url.database)).expanduser()
+        if not path.exists():
+            return None
+        try:
+            probe = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=LOCK_PROBE_SECONDS,
+                                    isolation_level=None)
+        except sqlite3.Error as exc:
+            return f"cannot open {path} for writing: {exc}"
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return None
+        except sqlite3.OperationalError as exc:
+            return (f"{path}: {exc} for over {LOCK_PROBE_SECONDS:g} s (another process holds the "
+                    "write lock)")
+        finally:
+            probe.close()
 
     # -- writes --------------------------------------------------------------------------
 
@@ -205,6 +265,14 @@ class SQLiteBackend(Backend):
         out.append(CheckResult("sqlite_journal_mode", "ok" if str(journal).lower() == "wal" else "warn",
                                f"journal_mode={journal}" + ("" if str(journal).lower() == "wal" else
                                " (WAL is needed for concurrent readers and writers)")))
+        url = conn.engine.url
+        blocked, _ = self.write_blocked(url, heal=False)
+        out.append(CheckResult("sqlite_writable", "fail" if blocked else "ok",
+                               blocked or "the database file, its folder, -wal and -shm are writable"))
+        held = self.write_lock_holder(url)
+        out.append(CheckResult("sqlite_write_lock", "warn" if held else "ok",
+                               f"{held}: writes wait up to {BUSY_TIMEOUT_MS} ms, then fail" if held
+                               else "no other connection holds the write lock"))
         return out
 
     def check_search_index(self, conn, deep):
