@@ -1,0 +1,143 @@
+"""PostgreSQL going away under a running host (issue 13.5 and the fault suite): a restart
+mid-session, an outage across several turns, and an outage at session start. A private
+cluster (initdb + pg_ctl on a free port) plays the server; the shared test server is never
+touched.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from lcm.config import LcmConfig
+from lcm.engine import LcmEngine
+from lcm.store import Store
+
+from tests.conversation import SYSTEM, conversation
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def _bin(name: str) -> str | None:
+    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return found if isinstance(found, str) else (found[-1] if found else None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A throwaway PostgreSQL cluster run as the ``postgres`` user."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="lcm-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        shutil.chown(self.root, "postgres", "postgres")
+        self._as_postgres(_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                          "--no-sync", "-E", "UTF8")
+        self.start()
+
+    def _as_postgres(self, *cmd: str | None) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *map(str, cmd)], check=True,
+                       capture_output=True, timeout=120)
+
+    def _ctl(self, *args: str) -> None:
+        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", *args)
+
+    def start(self) -> None:
+        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+                  "-l", str(self.root / "log"), "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "fast", "stop")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster():
+    if os.geteuid() != 0 or not _bin("initdb") or not shutil.which("runuser"):
+        pytest.skip("needs root, runuser and PostgreSQL's initdb/pg_ctl to run a private cluster")
+    c = Cluster()
+    try:
+        Store.open(c.url, upgrade=True)
+        yield c
+    finally:
+        from lcm import db
+
+        db.dispose(db.resolve_url(c.url))
+        c.close()
+
+
+def _engine(url: str) -> LcmEngine:
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=url))
+    engine.update_model("test-model", 10_000_000)
+    return engine
+
+
+def _stored(engine: LcmEngine, key: str) -> list[dict]:
+    session = engine.store.find_session(engine.agent_id, key)
+    return [r.message for r in engine.store.get_messages(session.id, limit=10_000)] if session else []
+
+
+def test_a_restart_and_an_outage_mid_session_lose_and_duplicate_nothing(cluster):
+    engine = _engine(cluster.url)
+    engine.on_session_start("s")
+    transcript = [SYSTEM]
+    for i in range(12):
+        transcript = transcript + conversation(i + 1)[len(transcript) - 1:]
+        if i == 4:
+            cluster.restart()  # the pool's connections die under the engine
+        if i == 7:
+            cluster.stop()
+        if i in (7, 8):  # the server is down: the turn is not stored, nothing raises
+            engine.on_turn_complete(transcript)
+            grep = json.loads(engine.handle_tool_call("lcm_grep", {"query": "fact1"}))
+            assert "unavailable" in grep["error"] and "inside lcm" not in grep["error"]
+            continue
+        if i == 9:
+            cluster.start()
+        engine.on_turn_complete(transcript)
+    assert _stored(engine, "s") == transcript[1:]
+    doctor = json.loads(engine.handle_tool_call("lcm_doctor", {}))
+    assert doctor["overall"] == "healthy", doctor
+
+
+def test_an_outage_at_session_start_files_nothing_under_another_session(cluster):
+    """Issue 13.5 with a real server: all 120 messages of a run used to land in "default"."""
+    cluster.stop()
+    engine = _engine(cluster.url)
+    engine.on_session_start("intended", platform="cli")  # fails: the server is down
+    transcript = [SYSTEM, *conversation(3)]
+    engine.on_turn_complete(transcript)
+    cluster.start()
+    transcript = transcript + conversation(6)[len(transcript) - 1:]
+    engine.on_turn_complete(transcript)
+    assert engine.store.find_session(engine.agent_id, "default") is None
+    assert _stored(engine, "intended") == transcript[1:]
