@@ -363,6 +363,14 @@ class LcmEngine(ContextEngineBase):
                           "at": time.time()})
             return messages
         session = seen.session
+        if not seen.at_end:
+            # The host is behind the stored session: anything assembled from the session would
+            # hand it messages it never had, which it would then send back as new ones.
+            self._record({"status": "not_needed", "reason": (
+                "the host's transcript is behind the stored session (another writer, or a restarted "
+                "host re-sending its history): its context is left as it is"), "passes": 0,
+                "at": time.time()})
+            return messages
         sys_tokens = self.tokens.count_message_text(message_text(seen.system)) if seen.system else 0
         own_summaries = [m for m in messages if self.own_messages(m)]
         input_tokens = sys_tokens + sum(seen.token_counts) + sum(

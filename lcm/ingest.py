@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lcm.errors import ConcurrentUpdateError
-from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
+from lcm.messages import chain_identity, content_hash, message_uid, uid_identity, unstorable_reason
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
 from lcm.store import PreparedMessage, Store
 from lcm.transcript import conversation_of, recall_call_ids, split_transcript
@@ -82,6 +82,10 @@ class IngestResult:
     summaries_seen: int  # lcm's own messages found (and not stored)
     skipped: int = 0  # messages that cannot be stored at all, in this transcript
     forked: bool = False  # this call started a new fork
+    #: The transcript ends at the session's last stored message. False: the host is behind
+    #: what is stored (another writer, or a restarted host re-sending its history), and a
+    #: context assembled from the session would hand it messages it never had.
+    at_end: bool = True
 
 
 @dataclass
@@ -130,6 +134,9 @@ class _Reader:
 
     def forks(self, pk: int, fork_seq: int) -> list[SessionRecord]:
         return self.store.forks(pk, fork_seq)
+
+    def seq_of_identity(self, pk: int, identity: str) -> int | None:
+        return self.store.seq_of_identity(pk, identity)
 
 
 @dataclass
@@ -301,7 +308,7 @@ class Ingestor:
         return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
                             store_ids=seen.store_ids, token_counts=seen.token_counts,
                             new=seen.new, summaries_seen=seen.summaries, skipped=seen.skipped,
-                            forked=seen.forked)
+                            forked=seen.forked, at_end=seen.end_seq is not None)
 
 
 # --------------------------------------------------------------------------- planning
@@ -321,8 +328,15 @@ class _Lineage:
         self.owners[:0] = [owner] * len(metas)
 
 
-def _lineage(reader: Any, session: SessionRecord, want: int) -> _Lineage:
+def _lineage(reader: Any, session: SessionRecord, want: int, from_seq: int | None = None) -> _Lineage:
+    """``from_seq``: a window of ``want`` messages from there instead (a host far behind the
+    stored end; the window still holds more than the transcript, so matching never mistakes
+    its end for the session's)."""
     lineage = _Lineage()
+    if from_seq is not None:
+        lineage.extend_front(session, reader.metas(session.id, from_seq, min(session.last_seq,
+                                                                             from_seq + want)))
+        return lineage
     view_from = max(1, session.host_view_seq or 1)
     lo = max(1, min(view_from, session.last_seq - want + 1))
     lineage.extend_front(session, reader.metas(session.id, lo, session.last_seq))
@@ -351,6 +365,23 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
     for j, key in enumerate(stored):
         positions.setdefault(key, []).append(j)
     start = _alignment_start(keys, stored, positions)
+    if (start is None or start[0] > 0) and keys and metas[0].seq > 1 and owners[0].id == session.id:
+        # The window (which does not reach the session's start) explains no transcript from
+        # its first message: nothing matched, or only a later message did (an "ok" matches
+        # many). A host far behind (a restarted host re-sending its history turn by turn, a
+        # second host resuming an old copy) may start where the session starts: its first
+        # message's identity, chained from the start as ingest chains it, says so in one
+        # index look-up.
+        first_identity = keys[0] if keys[0].startswith("u") else chain_identity("", keys[0])
+        seq = reader.seq_of_identity(session.id, first_identity)
+        if seq is not None:
+            lineage = _lineage(reader, session, n + WINDOW_SLACK, from_seq=seq)
+            metas, owners = lineage.metas, lineage.owners
+            stored = [meta_key(m) for m in metas]
+            positions = {}
+            for j, key in enumerate(stored):
+                positions.setdefault(key, []).append(j)
+            start = _alignment_start(keys, stored, positions)
     if start is None:  # nothing in the transcript is stored: it all follows the stored history
         return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
     first, p = start

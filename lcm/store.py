@@ -779,6 +779,16 @@ class Store:
             messages_t.c.session_id == session_pk, messages_t.c.seq >= first_seq,
             messages_t.c.seq <= last_seq).order_by(messages_t.c.seq)
 
+    @staticmethod
+    def _seq_of_identity_select(session_pk: int, identity: str):
+        return select(messages_t.c.seq).where(messages_t.c.session_id == session_pk,
+                                               messages_t.c.identity == identity)
+
+    def seq_of_identity(self, session_pk: int, identity: str) -> int | None:
+        """The seq of the session's message with this identity (the unique index), or None."""
+        with self._read() as conn:
+            return conn.execute(self._seq_of_identity_select(session_pk, identity)).scalar()
+
     def message_metas(self, session_pk: int, *, first_seq: int, last_seq: int) -> list[MessageMeta]:
         """Messages ``first_seq..last_seq`` without bodies (for planning a compaction chunk)."""
         with self._read() as conn:
@@ -1380,6 +1390,9 @@ class FamilyWriter:
     def metas(self, session_pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]:
         return self.store._metas(self.conn.execute(
             self.store._metas_select(session_pk, first_seq, last_seq)).all())
+
+    def seq_of_identity(self, session_pk: int, identity: str) -> int | None:
+        return self.conn.execute(Store._seq_of_identity_select(session_pk, identity)).scalar()
 
     def forks(self, parent_pk: int, fork_seq: int) -> list[SessionRecord]:
         """The forks of ``parent_pk`` that branch off after its message ``fork_seq``, oldest first."""

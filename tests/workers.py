@@ -75,10 +75,6 @@ def crash_during_summary(url: str) -> None:
                                                source_ids=tuple(ids[:4]), kind="extractive"))
 
 
-if __name__ == "__main__":
-    crash_during_summary(sys.argv[1])
-
-
 def _engine(url: str):
     from lcm.config import LcmConfig
     from lcm.engine import LcmEngine
@@ -124,3 +120,29 @@ def host_own_transcript(url: str, session_key: str, worker: str, turns: int,
         transcript.extend(turn(worker, i))
         engine.on_turn_complete(transcript)
     return worker, engine.session.session_key
+
+
+def host_with_compaction(url: str, session_key: str, turns: int) -> None:
+    """A host that compacts on a small window, re-sending its whole transcript from the start
+    (what a restarted host does): run again and again, killed at random points."""
+    from lcm.config import LcmConfig
+    from lcm.engine import LcmEngine
+
+    from tests.conftest import SMALL_ENGINE
+
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=url, **SMALL_ENGINE))
+    engine.update_model("test-model", 3000)
+    engine.on_session_start(session_key)
+    transcript: list[dict] = [{"role": "system", "content": "kill test"}]
+    for i in range(turns):
+        transcript = transcript + turn("k", i)
+        transcript = engine.compress(transcript)  # the host keeps what lcm hands back
+        print(i, flush=True)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "host-with-compaction":
+        host_with_compaction(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        crash_during_summary(sys.argv[1])
