@@ -119,3 +119,53 @@ def test_the_doctor_names_a_write_lock_held_by_another_process(sqlite_url: str):
         holder.execute("ROLLBACK")
         holder.close()
     assert {c.name: c.status for c in store.integrity_checks()}["sqlite_write_lock"] == "ok"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MB tmpfs: a disk that fills up."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        from lcm import db
+
+        db.dispose_all()
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_loses_nothing_and_writes_resume_when_there_is_room(small_disk: Path):
+    url = f"sqlite:///{small_disk / 'lcm.db'}"
+    engine = _engine(url)
+    transcript = [SYSTEM, *conversation(2)]
+    engine.on_turn_complete(transcript)
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # take every free byte
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    big = [{"role": "tool", "tool_call_id": f"x{i}", "content": f"output {i} " + "data " * 20_000}
+           for i in range(3)]
+    full = transcript + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"x{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        for i in range(3)]}, *big, {"role": "assistant", "content": "read them"}]
+    engine.on_turn_complete(full)  # no room: not stored, nothing raised
+    error = engine.get_status()["last_error"] or ""
+    assert "full" in error, error
+    filler.unlink()
+    full = full + conversation(4)[len(conversation(2)):]
+    engine.on_turn_complete(full)
+    assert engine.get_status()["last_error"] == error  # no new failure
+    stored = [r.message for r in engine.store.get_messages(engine.session.id, limit=10_000)]
+    assert stored == full[1:]
+    assert all(c.status == "ok" for c in engine.store.integrity_checks(deep=True)
+               if c.name != "summary_sizes"), engine.store.integrity_checks(deep=True)
