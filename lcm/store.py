@@ -1342,6 +1342,52 @@ class Store:
             destination = f"{self.url.database}.bak-{stamp}"
         return self.backend.backup(self.engine, destination) if destination else None
 
+    def remove_duplicate_runs(self) -> list[dict[str, Any]]:
+        """Remove the copies ``_check_duplicates`` reports, where that is safe.
+
+        A copy is the later of two runs of messages with the same substance, found around a tool
+        result stored twice for one call (a call id is issued once): the run extends either way
+        while each message equals the one a fixed distance before it. Only a run that is still
+        raw (not under a summary) is removed; the messages after it move up so ``seq`` stays
+        gapless, and the session's counters follow. Each session is repaired in its own locked
+        transaction. Returns what was done per session, runs left alone included (with why)."""
+        m = messages_t
+        with self._read() as conn:
+            sessions = list(conn.execute(select(m.c.session_id).where(
+                m.c.role == "tool", m.c.tool_call_id.is_not(None)).group_by(
+                m.c.session_id, m.c.tool_call_id, m.c.content_hash).having(
+                func.count() > 1)).scalars())
+        report = []
+        for session_pk in dict.fromkeys(sessions):
+            with self._write() as conn:
+                session = self._lock_session(conn, session_pk)
+                rows = conn.execute(select(m.c.id, m.c.seq, m.c.content_hash, m.c.role,
+                                           m.c.tool_call_id, m.c.token_count).where(
+                    m.c.session_id == session_pk).order_by(m.c.seq)).all()
+                runs, kept = _duplicate_runs(rows, session["covered_seq"])
+                doomed = [r.id for lo, hi in runs for r in rows[lo:hi + 1]]
+                if doomed:
+                    gone = set(doomed)
+                    for i in range(0, len(doomed), IN_CHUNK):  # raw messages: no summary edges
+                        conn.execute(m.delete().where(m.c.id.in_(doomed[i:i + IN_CHUNK])))
+                    survivors = [r for r in rows if r.id not in gone]
+                    moved = [{"rid": r.id, "nseq": seq} for seq, r in enumerate(survivors, start=1)
+                             if r.seq != seq]
+                    # Two steps, so no (session, seq) pair is ever taken twice mid-way.
+                    conn.execute(update(m).where(m.c.session_id == session_pk, m.c.seq > rows[runs[0][0]].seq)
+                                 .values(seq=-m.c.seq))
+                    conn.execute(update(m).where(m.c.id == bindparam("rid")).values(seq=bindparam("nseq")), moved)
+                    count = len(survivors)
+                    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                        last_seq=count, message_count=count,
+                        token_count=sessions_t.c.token_count - sum(r.token_count for r in rows if r.id in gone),
+                        host_view_seq=case((sessions_t.c.host_view_seq > count + 1, count + 1),
+                                           else_=sessions_t.c.host_view_seq)))
+                report.append({"session": session_pk, "removed": len(doomed),
+                               "runs": [[rows[lo].seq, rows[hi].seq] for lo, hi in runs],
+                               "left_alone": kept})
+        return report
+
     def rebuild_search_index(self) -> dict[str, int]:
         """Re-index every message and summary (the doctor's repair)."""
         with self._write() as conn:
@@ -1429,6 +1475,38 @@ class FamilyWriter:
     def add_skipped(self, session_pk: int, count: int) -> None:
         if count > 0:
             self.conn.execute(_add_skipped(session_pk, count))
+
+
+def _duplicate_runs(rows: Sequence[Any], covered_seq: int) -> tuple[list[tuple[int, int]], list[str]]:
+    """(index ranges of later copies safe to remove, why other copies were left alone).
+
+    ``rows`` are one session's messages in seq order."""
+    first_at: dict[tuple[str, str], int] = {}
+    runs: list[tuple[int, int]] = []
+    kept: list[str] = []
+    taken = -1  # index up to which runs were already found
+    for i, r in enumerate(rows):
+        if r.role != "tool" or r.tool_call_id is None:
+            continue
+        key = (r.tool_call_id, r.content_hash)
+        if key not in first_at:
+            first_at[key] = i
+            continue
+        if i <= taken:
+            continue
+        d = i - first_at[key]
+        lo = hi = i
+        while hi + 1 < len(rows) and hi + 1 - lo < d and rows[hi + 1].content_hash == rows[hi + 1 - d].content_hash:
+            hi += 1
+        while lo - 1 - d >= 0 and lo - 1 > taken and hi - (lo - 1) < d and \
+                rows[lo - 1].content_hash == rows[lo - 1 - d].content_hash:
+            lo -= 1
+        taken = hi
+        if rows[lo].seq <= covered_seq:
+            kept.append(f"messages {rows[lo].seq}-{rows[hi].seq}: already summarized")
+            continue
+        runs.append((lo, hi))
+    return runs, kept
 
 
 def _first_line(exc: BaseException) -> str:

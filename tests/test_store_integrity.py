@@ -105,3 +105,38 @@ def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
     checks = {c.name: c for c in store.integrity_checks()}
     assert checks["duplicate_messages"].status == "warn"
     assert f"session {session.id}: 1" in checks["duplicate_messages"].detail
+
+
+def test_repair_removes_the_copies_and_keeps_the_store_consistent(store, session):
+    """doctor --repair removes what two writers stored twice, when it is not summarized yet:
+    the session reads exactly as the conversation, seq gapless, every check ok."""
+    from tests.workers import turn
+
+    expected = turn("w", 0) + turn("w", 1) + turn("w", 2) + turn("w", 3)
+    first = store.append_messages(session.id, turn("w", 0) + turn("w", 1))
+    again = store.append_messages(session.id, turn("w", 1), after_identity=first.last_identity)  # the bug
+    store.append_messages(session.id, turn("w", 2) + turn("w", 3), after_identity=again.last_identity)
+    assert len(store.get_messages(session.id)) == len(expected) + 4
+    [done] = store.remove_duplicate_runs()
+    assert done["removed"] == 4 and done["runs"] == [[9, 12]] and not done["left_alone"]
+    back = store.get_messages(session.id)
+    assert [r.message for r in back] == expected
+    assert [r.seq for r in back] == list(range(1, len(expected) + 1))
+    assert {c.name: c.status for c in store.integrity_checks(deep=True)} == {
+        c.name: "ok" for c in store.integrity_checks(deep=True)}
+    assert store.remove_duplicate_runs() == []
+    assert store.search_messages("tokenwx2", agent="agent-a").hits  # the index follows
+
+
+def test_repair_leaves_a_summarized_copy_alone(store, session):
+    from tests.workers import turn
+
+    first = store.append_messages(session.id, turn("w", 0))
+    again = store.append_messages(session.id, turn("w", 0), after_identity=first.last_identity)
+    store.append_messages(session.id, turn("w", 1), after_identity=again.last_identity)
+    ids = [r.store_id for r in store.get_messages(session.id)]
+    store.write_summary(session.id, NewSummary(depth=0, content="both copies", token_count=2,
+                                               source_ids=tuple(ids[:8]), kind="extractive"))
+    [done] = store.remove_duplicate_runs()
+    assert done["removed"] == 0 and "already summarized" in done["left_alone"][0]
+    assert len(store.get_messages(session.id)) == 12

@@ -52,7 +52,8 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
 @json_option
 @click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores).")
 @click.option("--repair", is_flag=True,
-              help="Back the store up (SQLite), rebuild the search index from the rows, check again.")
+              help="Back the store up (SQLite), remove messages two writers stored twice (while not "
+                   "yet summarized), rebuild the search index from the rows, check again.")
 def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repair: bool) -> None:
     """Check database integrity, schema, search index, the summary DAG and the settings."""
     from lcm.tools import config_checks
@@ -62,12 +63,17 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
     repaired = None
     if repair:
         backup = store.backup()
+        duplicates = store.remove_duplicate_runs()
         counts = store.rebuild_search_index()
         store.optimize()  # fresh statistics for the rebuilt index (PostgreSQL plans searches by them)
-        repaired = {"backup": backup, "reindexed": counts}
+        repaired = {"backup": backup, "reindexed": counts, "duplicates": duplicates}
         if not as_json:
             say(f"backup: {backup or 'none (PostgreSQL: use pg_dump)'}; reindexed "
                 + ", ".join(f"{n} {k}" for k, n in counts.items()))
+            for d in duplicates:
+                say(f"session {d['session']}: removed {d['removed']} duplicated messages "
+                    f"(runs {d['runs']})" + (f"; left alone: {'; '.join(d['left_alone'])}"
+                                             if d["left_alone"] else ""))
     checks: list[dict[str, Any]] = [c.as_dict() for c in store.integrity_checks(deep=deep or repair)]
     checks.extend(config_checks(engine))
     statuses = {c["status"] for c in checks}
