@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from lcm.messages import clean_message, message_text
 from lcm.records import MessageRecord, SummaryRecord
 from lcm.tokens import TokenCounter
-from lcm.transcript import COMPRESSED_SUMMARY_KEY, SUMMARY_ACK, SUMMARY_END, SUMMARY_MARKER
+from lcm.transcript import COMPRESSED_SUMMARY_KEY, CUT_NOTE, SUMMARY_ACK, SUMMARY_END, SUMMARY_MARKER
 
 PREAMBLE = (
     "Earlier turns of this conversation are stored losslessly by lcm and summarized below, "
@@ -60,7 +60,10 @@ class Assembly:
     omitted_summaries: int
     summary_nodes: tuple[int, ...]
     over_budget: bool
-    included: tuple[MessageRecord, ...] = ()  # the verbatim messages in ``messages``, in order
+    included: tuple[MessageRecord, ...] = ()  # the stored messages in ``messages``, in order
+    #: Messages too large for the window, handed back cut: (the cut copy in ``messages``, the
+    #: stored original it stands for).
+    cut: tuple[tuple[dict[str, Any], MessageRecord], ...] = ()
 
 
 def _when(ts: float) -> str:
@@ -129,10 +132,13 @@ def assemble(
         first = skipped[0] if skipped else raw[0].seq
         return (first, raw[start - 1].seq, start + (skipped[2] if skipped else 0))
 
+    cuts: dict[int, dict[str, Any]] = {}  # raw index -> its cut copy (see cut_to_fit)
+    sizes = list(raw_tokens)
+
     def build(start: int, keep_nodes: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict], int]:
         omitted = omitted_at(start)
         out: list[dict[str, Any]] = [clean_message(system)] if system is not None else []
-        total = overhead + sys_tokens + sum(raw_tokens[start:])
+        total = overhead + sys_tokens + sum(sizes[start:])
         if keep_nodes or omitted or dropped:
             summary = render_summary_message(keep_nodes, carried_ids, omitted, dropped)
             out.append(summary)
@@ -140,7 +146,7 @@ def assemble(
             if start < len(raw) and raw[start].role != "assistant":
                 out.append(dict(ACK_MESSAGE))  # user summary, then a user turn: alternate
                 total += tokens.count_message_text(SUMMARY_ACK)
-        out.extend(r.message for r in raw[start:])
+        out.extend(cuts.get(i, r.message) for i, r in enumerate(raw[start:], start))
         return out, total
 
     def result(start: int, keep: Sequence[SummaryRecord], dropped: int, over: bool) -> Assembly:
@@ -149,7 +155,27 @@ def assemble(
             messages=out, tokens=total, raw_first_seq=raw[start].seq if start < len(raw) else None,
             omitted_raw=omitted_at(start),
             omitted_summaries=dropped, summary_nodes=tuple(n.id for n in keep), over_budget=over,
-            included=tuple(raw[start:]))
+            included=tuple(raw[start:]),
+            cut=tuple((cuts[i], raw[i]) for i in sorted(cuts) if i >= start))
+
+    def cut_to_fit(start: int) -> bool:
+        """Cut the largest text messages from ``start`` on (the newest turn) until the context
+        fits; False (nothing cut) when even that cannot make it fit."""
+        for i in sorted(range(start, len(raw)), key=lambda i: -raw_tokens[i]):
+            total = build(start, (), len(nodes))[1]
+            if total <= budget:  # type: ignore[operator]
+                return True
+            text = raw[i].message.get("content")
+            if not isinstance(text, str) or raw_tokens[i] < MIN_CUT_TOKENS:
+                continue
+            keep = max(MIN_CUT_TOKENS // 2, raw_tokens[i] - (total - budget) - CUT_NOTE_TOKENS)  # type: ignore[operator]
+            cuts[i] = cut_message(raw[i], int(len(text) * keep / raw_tokens[i]))
+            sizes[i] = tokens.count_message_text(message_text(cuts[i]))
+        if build(start, (), len(nodes))[1] <= budget:  # type: ignore[operator]
+            return True
+        cuts.clear()
+        sizes[:] = raw_tokens
+        return False
 
     for start in starts:
         if budget is None or build(start, nodes, 0)[1] <= budget:
@@ -164,6 +190,29 @@ def assemble(
     for start in later:  # the tail itself shrinks, down to the newest user turn
         if build(start, (), len(nodes))[1] <= budget:  # type: ignore[operator]
             return result(start, (), len(nodes), False)
-    # Not even the newest turn fits: hand back the fresh tail as it is, reported over budget
-    # (leaving out more verbatim messages would lose context without making the prompt fit).
+    # Not even the newest turn fits: its largest messages are handed back cut, each with a
+    # pointer to its stored original. If that cannot fit either, the fresh tail goes back as it
+    # is, reported over budget (leaving out more would lose context without making it fit).
+    newest = later[-1] if later else last_start
+    if cut_to_fit(newest):
+        return result(newest, (), len(nodes), False)
     return result(last_start, (), len(nodes), True)
+
+
+#: A message is cut only when it is at least this large; what a cut message keeps, and what its
+#: note costs, in tokens.
+MIN_CUT_TOKENS = 200
+CUT_NOTE_TOKENS = 60
+
+
+def cut_message(record: MessageRecord, keep_chars: int) -> dict[str, Any]:
+    """A copy of a stored message whose text content keeps its head and tail (``keep_chars``
+    in all) around a note saying how much is left out and where the whole message is."""
+    text = record.message["content"]
+    keep_chars = max(0, min(keep_chars, len(text)))
+    head = keep_chars * 2 // 3
+    tail = max(0, keep_chars - head)
+    left_out = len(text) - head - tail
+    note = (f"\n{CUT_NOTE} {left_out:,} characters of this message are left out here to fit the "
+            f"context window; lcm_expand(store_id={record.store_id}) returns it whole]\n")
+    return {**record.message, "content": text[:head] + note + (text[-tail:] if tail else "")}

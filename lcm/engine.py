@@ -30,8 +30,8 @@ from lcm.config import LcmConfig
 from lcm.db import default_sqlite_path
 from lcm.errors import DatabaseUnavailableError, InvalidMessageError, LcmError, NotFoundError
 from lcm.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
-from lcm.ingest import IngestResult, Ingestor
-from lcm.messages import message_text
+from lcm.ingest import IngestResult, Ingestor, message_key
+from lcm.messages import content_hash, message_text
 from lcm.records import CompactionView, SessionRecord
 from lcm.store import Store
 from lcm.summarize import Summarizer
@@ -139,7 +139,8 @@ class LcmEngine(ContextEngineBase):
     @property
     def ingestor(self) -> Ingestor:
         if self._ingestor is None:
-            self._ingestor = Ingestor(self.store, own=self.own_messages)
+            self._ingestor = Ingestor(self.store, own=self.own_messages,
+                                      stands_for=self.own_messages.stands_for)
         return self._ingestor
 
     @property
@@ -507,8 +508,10 @@ class LcmEngine(ContextEngineBase):
         they are known as lcm's own when they come back, in this process or another) and
         where its transcript resumes."""
         verbatim = {id(r.message) for r in assembly.included}
-        digests = [d for d in (generated_digest(m) for m in assembly.messages
-                               if id(m) not in verbatim) if d is not None]
+        stands_for = {id(copy): message_key(original.message, content_hash(original.message))
+                      for copy, original in assembly.cut}
+        digests = {d: stands_for.get(id(m)) for m in assembly.messages if id(m) not in verbatim
+                   for d in (generated_digest(m),) if d is not None}
         self.store.remember_generated(self.agent_id, digests)
         self.own_messages.add(digests)
         first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1

@@ -143,6 +143,8 @@ class _Reader:
 class Ingestor:
     store: Store
     own: Callable[[Any], bool] = field(default=lambda m: False)
+    #: The alignment key of the stored message a cut copy lcm handed out stands for, else None.
+    stands_for: Callable[[Any], str | None] = field(default=lambda m: None)
     _cache: dict[int, _Seen] = field(default_factory=dict)
     _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -225,7 +227,7 @@ class Ingestor:
         system, conversation = split_transcript(messages, self.own)
         summaries = len(messages) - len(conversation) - (1 if system is not None else 0)
         good, bad = _partition(conversation)
-        keys = [message_key(m, content_hash(m)) for m in good]
+        keys = [self.stands_for(m) or message_key(m, content_hash(m)) for m in good]
         recall = recall_call_ids(good)
         # A first plan from a plain read: its new messages are encoded outside the lock, the
         # expensive part of a write. The plan that counts is made again under the lock.

@@ -142,14 +142,17 @@ class CarriedSummary(Base):
 
 
 class Generated(Base):
-    """A message lcm generated and put into a context (its summary, its acknowledgement), by
-    digest: when a host sends one back, lcm knows it as its own by this, never by its text
+    """A message lcm generated and put into a context (its summary, its acknowledgement, a cut
+    copy of a message too large for the window), by digest: when a host sends one back, lcm knows it as its own by this, never by its text
     (a user may paste text that looks like lcm's summary; that is a message to store)."""
 
     __tablename__ = "lcm_generated"
 
     agent_id: Mapped[int] = mapped_column(ForeignKey("lcm_agents.id"), primary_key=True)
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: For a stored message handed back cut (too large for the window): the original's
+    #: alignment key (``lcm.ingest.meta_key``), so the cut copy coming back is that message.
+    stands_for: Mapped[str | None] = mapped_column(String(80))
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -465,27 +465,30 @@ class Store:
             with self._write() as conn:
                 conn.execute(_add_skipped(session_pk, count))
 
-    def remember_generated(self, agent: str, digests: Collection[str]) -> None:
-        """Record messages lcm generated for a context (see ``lcm.transcript.generated_digest``)."""
+    def remember_generated(self, agent: str, digests: Mapping[str, str | None]) -> None:
+        """Record messages lcm generated for a context, by digest (``lcm.transcript.
+        generated_digest``), each with the alignment key of the stored message it stands for
+        (a cut copy) or None (lcm's own summary and acknowledgement)."""
         if not digests:
             return
         now = time.time()
         with self._write() as conn:
             agent_pk = self._agent_pk(conn, agent, create=True)
             self.backend.insert_ignore(conn, generated_t, [
-                {"agent_id": agent_pk, "digest": d, "created_at": now} for d in set(digests)],
-                ["agent_id", "digest"])
+                {"agent_id": agent_pk, "digest": d, "stands_for": key, "created_at": now}
+                for d, key in digests.items()], ["agent_id", "digest"])
 
-    def generated(self, agent: str, digests: Collection[str]) -> set[str]:
-        """Which of ``digests`` name messages lcm generated for this agent."""
+    def generated(self, agent: str, digests: Collection[str]) -> dict[str, str | None]:
+        """Which of ``digests`` name messages lcm generated for this agent, with what each
+        stands for (see ``remember_generated``)."""
         if not digests:
-            return set()
+            return {}
         with self._read() as conn:
             agent_pk = self._agent_pk(conn, agent, create=False)
             if agent_pk is None:
-                return set()
-            return set(conn.execute(select(generated_t.c.digest).where(
-                generated_t.c.agent_id == agent_pk, generated_t.c.digest.in_(list(set(digests))))).scalars())
+                return {}
+            return dict(conn.execute(select(generated_t.c.digest, generated_t.c.stands_for).where(
+                generated_t.c.agent_id == agent_pk, generated_t.c.digest.in_(list(set(digests))))).all())
 
     # ------------------------------------------------------------------ ingest
 

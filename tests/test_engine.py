@@ -324,6 +324,41 @@ def test_a_tail_bigger_than_the_cap_shrinks_to_the_newest_turn(make_engine):
     assert sequence_problems(out, system=SYSTEM) == []
 
 
+def test_a_message_larger_than_the_window_is_handed_back_cut_and_recognised(make_engine):
+    """Issue 13: the assembly cap holds on every turn, even when the newest turn holds one
+    message larger than the window: that message goes back cut, with a pointer to its intact
+    stored original; the cut copy coming back (same process or a restarted one) is that
+    message, never a new one."""
+    from tests.conversation import turn
+
+    engine = make_engine(context_length=100_000, max_assembly_tokens=1200)
+    engine.on_session_start("s")
+    huge = "line of a very long build log with unique words " * 2000
+    newest = turn(9)
+    newest[2] = {**newest[2], "content": huge}
+    transcript = [SYSTEM, *conversation(6), *newest]
+    out = engine.compress(transcript)
+    last = engine.get_status()["last_compaction"]
+    assert not last["over_budget"] and last["assembled_tokens"] <= 1200, last
+    [cut] = [m for m in out if "lcm cut:" in str(m.get("content"))]
+    stored = engine.store.get_messages(engine.session.id)
+    original = next(r for r in stored if r.message.get("content") == huge)
+    assert f"lcm_expand(store_id={original.store_id})" in cut["content"]
+    assert cut["tool_call_id"] == newest[2]["tool_call_id"] and len(cut["content"]) < len(huge) // 10
+    assert sequence_problems(out, system=SYSTEM) == []
+    whole = json.loads(engine.handle_tool_call("lcm_expand", {"store_id": original.store_id,
+                                                              "content_offset": 0}))
+    assert whole["item"]["message"]["content"].startswith(huge[:1000])
+    count = len(stored)
+    engine.on_turn_complete(out + conversation(11)[-len(turn(10)):])
+    assert len(engine.store.get_messages(engine.session.id)) == count + len(turn(10))
+    restarted = make_engine(context_length=100_000, max_assembly_tokens=1200)
+    restarted.on_session_start("s")
+    restarted.on_turn_complete(out + conversation(11)[-len(turn(10)):])
+    assert len(restarted.store.get_messages(restarted.session.id)) == count + len(turn(10))
+    assert restarted.store.forks(restarted.session.id) == []
+
+
 def test_a_tail_bigger_than_the_cap_is_reported(make_engine):
     engine = make_engine(context_length=100_000, max_assembly_tokens=300, fresh_tail_count=30)
     engine.on_session_start("s")

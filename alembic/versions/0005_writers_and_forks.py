@@ -8,8 +8,9 @@ its own when a host sends them back).
   table without rebuilding it, and lcm never deletes a parent under a fork.
 * ``lcm_sessions.skipped_count``: messages of the session that could not be stored at all.
 * ``lcm_messages.problem``: NULL, or what lcm changed to store the message (JSON text).
-* ``lcm_generated``: digests of the messages lcm put into a context (summary, acknowledgement),
-  per agent.
+* ``lcm_generated``: digests of the messages lcm put into a context (summary, acknowledgement,
+  and a message too large for the window handed back cut, whose ``stands_for`` is the stored
+  original's alignment key), per agent.
 
 Revision ID: 0005_writers_and_forks
 Revises: 0004_message_identity_v2
@@ -39,6 +40,7 @@ def upgrade() -> None:
         "lcm_generated",
         sa.Column("agent_id", Id, nullable=False),
         sa.Column("digest", sa.String(length=64), nullable=False),
+        sa.Column("stands_for", sa.String(length=80), nullable=True),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(["agent_id"], ["lcm_agents.id"],
                                 name=op.f("fk_lcm_generated_agent_id_lcm_agents")),
