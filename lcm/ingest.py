@@ -105,6 +105,10 @@ class _Seen:
     recall: frozenset[str] = frozenset()
     skipped: int = 0
     forked: bool = False
+    #: False when the transcript's place in the stored history was a guess among equally good
+    #: ones (a transcript of repeated messages): its next turn is aligned again, never appended
+    #: after the guessed end.
+    sure: bool = True
 
 
 @dataclass
@@ -118,6 +122,8 @@ class _Plan:
     anchor: str  # identity new messages chain after
     fork_seq: int | None  # not None: start a fork of ``target`` after this seq
     end_store_id: int | None  # the store id of ``target``'s last stored message
+    #: The alignment start was the only best one (see ``_alignment_start``).
+    sure: bool = True
 
 
 class _Reader:
@@ -200,8 +206,8 @@ class Ingestor:
             self._count_skipped(seen.session, unnoted)
             return _Seen(seen.objects, seen.store_ids, seen.token_counts, seen.session,
                          seen.end_seq, seen.end_identity, 0, summaries=summaries,
-                         recall=seen.recall, skipped=seen.skipped + len(bad))
-        if seen.end_seq is None:
+                         recall=seen.recall, skipped=seen.skipped + len(bad), sure=seen.sure)
+        if seen.end_seq is None or not seen.sure:
             return None
         recall = seen.recall | recall_call_ids(good)
         try:
@@ -268,7 +274,7 @@ class Ingestor:
                      target, target.last_seq if extendable else None,
                      end_identity if extendable else "", len(plan.new_idx),
                      host=list(messages), system=system, summaries=summaries, recall=recall,
-                     skipped=len(bad), forked=forked)
+                     skipped=len(bad), forked=forked, sure=plan.sure)
         self._cache[target.id] = seen
         return seen
 
@@ -386,7 +392,7 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
             start = _alignment_start(keys, stored, positions)
     if start is None:  # nothing in the transcript is stored: it all follows the stored history
         return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
-    first, p = start
+    first, p, sure = start
     i = first
     target, fork_seq = session, None
     for _ in range(MAX_FOLLOW):
@@ -428,20 +434,24 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
             log.info("lcm ingest: session %s: a message the host holds before the stored ones it "
                      "continues is stored at the end", session.session_key)
     new_idx = [i for i in range(n) if mapped[i] is None]
-    return _Plan(mapped, tokens, new_idx, target, anchor, fork_seq, end_store_id)
+    return _Plan(mapped, tokens, new_idx, target, anchor, fork_seq, end_store_id, sure)
 
 
 def _alignment_start(keys: Sequence[str], stored: Sequence[str],
-                     positions: Mapping[str, list[int]]) -> tuple[int, int] | None:
-    """(transcript index, window index) where the transcript first meets the stored window.
+                     positions: Mapping[str, list[int]]) -> tuple[int, int, bool] | None:
+    """(transcript index, window index, sure) where the transcript first meets the stored window.
 
     The host's transcript may begin anywhere in the window: at its start (a host that re-sends
     everything), at the newest stored messages (a host resumed with the tail of its history,
     or whose view lcm has not recorded), or anywhere between. The start is the pairing that
     begins the longest run of consecutive matches; ties go to the earlier transcript message,
-    then to the newer stored one. None: nothing in the transcript is stored.
+    then to the newer stored one. ``sure`` is False when another stored position began an
+    equally long run for the same transcript message (``[u]`` against a stored ``[u, u]``: the
+    transcript may be either one): the guess is only good for this turn. None: nothing in the
+    transcript is stored.
     """
     best: tuple[int, int, int] | None = None  # (run length, -transcript index, window index)
+    tied = False
     probes = 0
     for i, key in enumerate(keys):
         candidates = positions.get(key)
@@ -452,11 +462,12 @@ def _alignment_start(keys: Sequence[str], stored: Sequence[str],
             while i + run < len(keys) and j + run < len(stored) and keys[i + run] == stored[j + run]:
                 run += 1
             if best is None or (run, -i, j) > best:
+                tied = best is not None and best[:2] == (run, -i)
                 best = (run, -i, j)
         probes += 1
         if probes >= START_PROBES:
             break
-    return None if best is None else (-best[1], best[2])
+    return None if best is None else (-best[1], best[2], not tied)
 
 
 def _partition(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:

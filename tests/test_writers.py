@@ -150,6 +150,24 @@ def test_a_host_behind_another_adds_nothing(db_url):
     assert rows(store, session.id) == turns
 
 
+def test_a_host_behind_on_repeated_messages_stores_nothing_twice(db_url):
+    """Found by the generated-transcript fault test: A stored "u", "u" (two genuine messages);
+    B, one message behind, sent ["u"], which matches either stored "u" equally well. Alignment
+    took the newer one and B's next turn ["u", "u"] appended its second "u" after it: three
+    rows for two messages. A guessed alignment is now re-checked on the next turn."""
+    Store.open(db_url, upgrade=True)
+    a, b = engine_on(db_url), engine_on(db_url)
+    a.on_session_start("shared")
+    b.on_session_start("shared")
+    first, second = {"role": "user", "content": "u"}, {"role": "user", "content": "u"}
+    a.on_turn_complete([SYSTEM, first])
+    a.on_turn_complete([SYSTEM, first, second])
+    b.on_turn_complete([SYSTEM, first])
+    b.on_turn_complete([SYSTEM, first, second])
+    a.on_turn_complete([SYSTEM, first, second])
+    assert family(a.store, a.agent_id, "shared") == {"shared": [first, second]}
+
+
 def test_a_pasted_summary_and_a_file_that_looks_like_one_are_stored(make_engine):
     """Issue 13.4: lcm recognised its own summary by its first line, so a user pasting an earlier
     context, or a tool printing a file that starts with the marker, was silently dropped."""
