@@ -14,9 +14,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
-from lcm import db
-from lcm.migrations import ADVISORY_LOCK_KEY, VERSION_TABLE, include_object
-from lcm.models import Base
+from lcm.store import connection as db
+from lcm.store.migrations import ADVISORY_LOCK_KEY, VERSION_TABLE, include_object
+from lcm.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -9,16 +9,29 @@ import statistics
 import sys
 import tempfile
 import uuid
-from typing import Callable
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from lcm import db
+from lcm.prepare import prepare_messages
+from lcm.records import AppendResult
+from lcm.store import Store
+from lcm.store import connection as db
+from lcm.tokens import TokenCounter
+
+_TOKENS = TokenCounter()
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 BACKENDS = ("sqlite", "postgresql")
+
+
+def append_messages(store: Store, session_pk: int, messages: Sequence[Mapping[str, Any]],
+                    **options: Any) -> AppendResult:
+    """Bulk-load plain messages the way ``lcm ingest --no-compact`` stores them."""
+    return store.messages.append(session_pk, prepare_messages(messages, _TOKENS), **options)
 
 
 def pg_base() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from benchmarks.common import append_messages
 from benchmarks.corpus import Corpus
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
@@ -20,11 +21,11 @@ BATCH = 500
 
 def run(backend: str, url: str, *, messages: int) -> dict[str, Any]:
     store = Store.open(url, upgrade=True)
-    session = store.get_or_create_session("bench", "compact")
+    session = store.sessions.get_or_create("bench", "compact")
     anchor = None
     flat = [m for t in Corpus().turns(messages // 4, session="compact") for m in t]
     for b in range(0, len(flat), BATCH):
-        anchor = store.append_messages(session.id, flat[b:b + BATCH], after_identity=anchor).last_identity
+        anchor = append_messages(store, session.id, flat[b:b + BATCH], after_identity=anchor).last_identity
     config = LcmConfig.from_env({}, database_url=url, agent_id="bench", summarizer="extractive",
                                 max_passes=1_000, max_compaction_seconds=3_600)
     engine = LcmEngine(config, store=store)
@@ -41,8 +42,8 @@ def run(backend: str, url: str, *, messages: int) -> dict[str, Any]:
         leaves += outcome.get("leaves", 0)
         condensed += outcome.get("condensed", 0)
     elapsed = time.perf_counter() - started
-    done = store.get_session(session.id)
-    depths = {f"d{d.depth}": d.count for d in store.depth_stats(session.id)}
+    done = store.sessions.get(session.id)
+    depths = {f"d{d.depth}": d.count for d in store.summaries.depth_stats(session.id)}
     return {"messages": len(flat), "compacted": done.covered_seq, "seconds": elapsed,
             "msgs_per_s": done.covered_seq / elapsed if elapsed else 0.0, "leaves": leaves,
             "condensed": condensed, "calls": calls, "depths": depths,

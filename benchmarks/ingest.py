@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.common import ratio, summary_ms
+from benchmarks.common import append_messages, ratio, summary_ms
 from benchmarks.corpus import Corpus
 from benchmarks.raw import raw_for
 from lcm.config import LcmConfig
@@ -48,7 +48,7 @@ def _per_turn(engine: LcmEngine, session: str, played: list[list[dict[str, Any]]
         t = time.perf_counter()
         engine.on_turn_complete(transcript)
         times.append((time.perf_counter() - t) * 1000)
-    assert engine.store.get_session(engine.session.id).message_count == 4 * len(played)
+    assert engine.store.sessions.get(engine.session.id).message_count == 4 * len(played)
     return times[WARMUP_TURNS:]
 
 
@@ -60,7 +60,7 @@ def run(backend: str, url: str, *, turns: int, bulk_messages: int) -> dict[str, 
     config = LcmConfig.from_env({}, database_url=url, agent_id="bench")
     engine = LcmEngine(config)
     lcm_times = _per_turn(engine, "ingest-turns", played)
-    untokenized = _per_turn(LcmEngine(config, store=Store.open(url, token_counter=_CharEstimate())),
+    untokenized = _per_turn(LcmEngine(config, store=Store.open(url), tokens=_CharEstimate()),
                             "ingest-turns-estimated", played)
 
     raw = raw_for(backend, url)
@@ -73,11 +73,11 @@ def run(backend: str, url: str, *, turns: int, bulk_messages: int) -> dict[str, 
 
     bulk = [m for t in corpus.turns(bulk_messages // 4, session="bulk") for m in t]
     store = engine.store
-    session = store.get_or_create_session("bench", "ingest-bulk")
+    session = store.sessions.get_or_create("bench", "ingest-bulk")
     anchor = None
     t = time.perf_counter()
     for b in range(0, len(bulk), BULK_BATCH):
-        anchor = store.append_messages(session.id, bulk[b:b + BULK_BATCH], after_identity=anchor).last_identity
+        anchor = append_messages(store, session.id, bulk[b:b + BULK_BATCH], after_identity=anchor).last_identity
     lcm_bulk = time.perf_counter() - t
     t = time.perf_counter()
     for b in range(0, len(bulk), BULK_BATCH):

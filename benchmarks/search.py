@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from benchmarks.common import summary_ms
+from benchmarks.common import append_messages, summary_ms
 from benchmarks.corpus import Corpus, plant_needles
 from benchmarks.raw import RawPostgres, RawSQLite, raw_for
 from lcm.config import LcmConfig
@@ -50,7 +50,7 @@ def load(backend: str, url: str, corpus: Corpus, messages: int, sessions: int) -
     started = time.perf_counter()
     for s in range(sessions):
         agent, key = AGENTS[s % 2], f"session-{s:04d}"
-        session = store.get_or_create_session(agent, key, platform="cli")
+        session = store.sessions.get_or_create(agent, key, platform="cli")
         keys[key] = session.id
         anchor = None
         turns = list(corpus.turns(per_session, session=key))
@@ -60,13 +60,13 @@ def load(backend: str, url: str, corpus: Corpus, messages: int, sessions: int) -
                 planted.extend(plant_needles(turn, index))
                 batch.extend(turn)
                 index += len(turn)
-            result = store.append_messages(session.id, batch, after_identity=anchor)
+            result = append_messages(store, session.id, batch, after_identity=anchor)
             anchor = result.last_identity
             for needle_index in planted:
                 needles[needle_index] = (agent, result.store_ids[needle_index - base])
             raw.insert(session.id, base, batch)
     elapsed = time.perf_counter() - started
-    store.optimize()
+    store.health.optimize()
     if isinstance(raw, RawPostgres):
         # A freshly bulk-loaded table gets vacuumed by autovacuum within minutes, and that
         # would land in the middle of the timed queries: both sides are vacuumed first.
@@ -144,6 +144,6 @@ def run(backend: str, url: str, *, messages: int, sessions: int, runs: int) -> d
         found, total = recall(loaded)
     finally:
         loaded.raw.close()
-    size = loaded.store.stats()["bytes"]
+    size = loaded.store.health.stats()["bytes"]
     return {"messages": loaded.messages, "sessions": sessions, "load_seconds": loaded.seconds,
             "store_bytes": size, "rows": rows, "recall": {"found": found, "total": total}}

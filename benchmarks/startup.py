@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import append_messages
 from benchmarks.corpus import Corpus
 from lcm.store import Store
 
@@ -38,13 +39,13 @@ CHILD = textwrap.dedent("""
     engine.session
     t_open = time.perf_counter()
     transcript = json.load(open(transcript_path))
-    before = engine.store.get_session(engine.session.id).message_count
+    before = engine.store.sessions.get(engine.session.id).message_count
     engine.on_turn_complete(transcript)
     engine.should_compress(20000)
     out = engine.compress(transcript, current_tokens=20000)
     t_turn = time.perf_counter()
     assert engine._last_error is None, engine._last_error
-    stored_new = engine.store.get_session(engine.session.id).message_count - before
+    stored_new = engine.store.sessions.get(engine.session.id).message_count - before
     print(json.dumps({"stored_new": stored_new, "import_s": t_import - t0, "open_s": t_open - t_import, "first_turn_s": t_turn - t_open,
                       "total_s": t_turn - t0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """)
@@ -55,16 +56,16 @@ def build(url: str, target_bytes: int) -> tuple[Store, str, int]:
     store = Store.open(url, upgrade=True)
     corpus = Corpus(seed=11)
     total, s, key = 0, 0, ""
-    while store.stats()["bytes"] < target_bytes:
+    while store.health.stats()["bytes"] < target_bytes:
         key = f"startup-{s:05d}"
-        session = store.get_or_create_session("bench", key)
+        session = store.sessions.get_or_create("bench", key)
         anchor = None
         flat = [m for t in corpus.turns(MESSAGES_PER_SESSION // 4, session=key) for m in t]
         for b in range(0, len(flat), BATCH):
-            anchor = store.append_messages(session.id, flat[b:b + BATCH], after_identity=anchor).last_identity
+            anchor = append_messages(store, session.id, flat[b:b + BATCH], after_identity=anchor).last_identity
         total += len(flat)
         s += 1
-    store.optimize()
+    store.health.optimize()
     return store, key, total
 
 
@@ -72,14 +73,14 @@ def run(backend: str, url: str, *, target_mb: int) -> dict[str, Any]:
     started = time.perf_counter()
     store, key, total = build(url, target_mb * 1024 * 1024)
     built = time.perf_counter() - started
-    session = store.find_session("bench", key)
+    session = store.sessions.find("bench", key)
     assert session is not None
-    tail = [r.message for r in store.get_messages(session.id, first_seq=session.last_seq - 39)]
+    tail = [r.message for r in store.messages.get_range(session.id, first_seq=session.last_seq - 39)]
     new_turn = next(Corpus(seed=12).turns(1, session="startup-new"))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([{"role": "system", "content": "You are a benchmark agent."}, *tail, *new_turn], f)
-    size = store.stats()["bytes"]
-    from lcm import db
+    size = store.health.stats()["bytes"]
+    from lcm.store import connection as db
 
     db.dispose(store.url)  # the child must open the store itself, cold
     t = time.perf_counter()

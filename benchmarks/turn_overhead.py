@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.common import summary_ms
+from benchmarks.common import append_messages, summary_ms
 from benchmarks.corpus import Corpus
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
@@ -27,30 +27,30 @@ TURNS = 60
 
 def build(url: str, corpus: Corpus, size: int) -> tuple[Store, str]:
     store = Store.open(url, upgrade=True)
-    session = store.get_or_create_session("bench", "turns")
+    session = store.sessions.get_or_create("bench", "turns")
     anchor = None
     turns = list(corpus.turns(size // 4, session="turns"))
     for b in range(0, len(turns), 100):
         batch = [m for t in turns[b:b + 100] for m in t]
-        anchor = store.append_messages(session.id, batch, after_identity=anchor).last_identity
-    metas = store.message_metas(session.id, first_seq=1, last_seq=max(1, size - RAW_TAIL))
+        anchor = append_messages(store, session.id, batch, after_identity=anchor).last_identity
+    metas = store.messages.metas(session.id, first_seq=1, last_seq=max(1, size - RAW_TAIL))
     level: list[int] = []
     chunk = []
     for k, meta in enumerate(metas):
         chunk.append(meta)
         following = metas[k + 1] if k + 1 < len(metas) else None
         if len(chunk) >= LEAF_MESSAGES and following is not None and following.role == "assistant":
-            node = store.write_summary(session.id, NewSummary(
+            node = store.summaries.write(session.id, NewSummary(
                 depth=0, content=f"summary of messages {chunk[0].seq}-{chunk[-1].seq}: " + "work " * 60,
-                token_count=70, source_ids=tuple(m.store_id for m in chunk), kind="bench"))
+                token_count=70, source_ids=tuple(m.store_id for m in chunk), kind="bench")).node
             level.append(node.id)
             chunk = []
     for depth in (1, 2, 3):
         nxt = []
         for i in range(0, len(level) - FANIN + 1, FANIN):
-            node = store.write_summary(session.id, NewSummary(
+            node = store.summaries.write(session.id, NewSummary(
                 depth=depth, content=f"depth {depth} summary " + "arc " * 60, token_count=70,
-                source_ids=tuple(level[i:i + FANIN]), kind="bench"))
+                source_ids=tuple(level[i:i + FANIN]), kind="bench")).node
             nxt.append(node.id)
         level = nxt
     return store, session.session_key
@@ -62,7 +62,7 @@ def measure(url: str, store: Store, key: str, corpus: Corpus, size: int) -> dict
     engine.update_model("gpt-4", 1_000_000)
     engine.on_session_start(key)
     transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are a benchmark agent."}]
-    raw = store.get_messages(engine.session.id, first_seq=store.get_session(engine.session.id).covered_seq + 1)
+    raw = store.messages.get_range(engine.session.id, first_seq=store.sessions.get(engine.session.id).covered_seq + 1)
     transcript.extend(r.message for r in raw)
     transcript = engine.compress(transcript, current_tokens=10_000, force=False)  # hand over once
     times: dict[str, list[float]] = {"ingest one turn": [], "should_compress": [],

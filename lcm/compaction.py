@@ -191,7 +191,7 @@ class Compactor:
 
     def newest_real_user(self, session: SessionRecord) -> int | None:
         first_raw = session.covered_seq + 1
-        users = self.store.latest_messages(session.id, roles=("user",), limit=64, min_seq=first_raw)
+        users = self.store.messages.latest(session.id, roles=("user",), limit=64, min_seq=first_raw)
         for rec in users:
             if is_real_user(rec.message):
                 return rec.seq
@@ -206,7 +206,7 @@ class Compactor:
         if newest_user is not None:
             lo = max(first_raw, min(lo, newest_user - TAIL_WINDOW_EXTRA))
         while True:
-            metas = self.store.message_metas(session.id, first_seq=lo, last_seq=last)
+            metas = self.store.messages.metas(session.id, first_seq=lo, last_seq=last)
             idx = tail_start_index(
                 [m.role for m in metas], [m.token_count for m in metas],
                 newest_user=None if newest_user is None else newest_user - lo,
@@ -226,7 +226,7 @@ class Compactor:
         fetched = 0
         while True:
             hi = min(plan.tail_start, lo + META_PAGE)  # one message of lookahead for the cut
-            page = self.store.message_metas(session.id, first_seq=lo, last_seq=hi)
+            page = self.store.messages.metas(session.id, first_seq=lo, last_seq=hi)
             metas.extend(page)
             fetched += sum(m.token_count for m in page)
             done = hi >= plan.tail_start
@@ -255,12 +255,13 @@ class Compactor:
 
     def _write(self, session: SessionRecord, depth: int, draft, sources: list[int],
                focus: str | None) -> SummaryRecord:
-        return self.store.write_summary(session.id, NewSummary(
+        written = self.store.summaries.write(session.id, NewSummary(
             depth=depth, content=draft.content, token_count=draft.token_count,
             source_ids=tuple(sources), kind=draft.kind, expand_hint=draft.expand_hint,
             model=draft.model,
             meta={"route": draft.route, "focus": focus, "notes": list(draft.notes[:3])} if (
                 focus or draft.notes) else {"route": draft.route}))
+        return written.node
 
     @staticmethod
     def _framing(view: CompactionView) -> int:
@@ -279,7 +280,7 @@ class Compactor:
                  "would not make the context smaller")
         if room <= MIN_SUMMARY_TOKENS:
             return small
-        records = self.store.get_messages(session.id, first_seq=chunk[0].seq, last_seq=chunk[-1].seq)
+        records = self.store.messages.get_range(session.id, first_seq=chunk[0].seq, last_seq=chunk[-1].seq)
         budget = int(min(source_tokens, self.config.leaf_chunk_tokens) * SOURCE_CHARS_PER_TOKEN * SOURCE_SLACK)
         target = min(self.config.leaf_target, max(MIN_SUMMARY_TOKENS, room // 3))
         draft = self.summarizer.summarize(SummaryRequest(
@@ -315,12 +316,12 @@ class Compactor:
             out.status, out.reason = "not_needed", "the context is already under the target"
             out.tokens_after = out.tokens_before
             return out
-        view = self.store.compaction_view(session_pk)
+        view = self.store.summaries.compaction_view(session_pk)
         out.tokens_before = estimate(view.session)
         pending_force = force
         while True:
             if out.passes:
-                view = self.store.compaction_view(session_pk)
+                view = self.store.summaries.compaction_view(session_pk)
             if out.passes >= self.config.max_passes:
                 out.status, out.reason = "partial", (
                     f"stopped after {out.passes} summaries (LCM_MAX_PASSES); the rest continues "
@@ -370,7 +371,7 @@ class Compactor:
                          session.session_key, exc)
                 out.passes += 1
                 continue
-        out.tokens_after = estimate(self.store.get_session(session_pk)) if out.passes else out.tokens_before
+        out.tokens_after = estimate(self.store.sessions.get(session_pk)) if out.passes else out.tokens_before
         out.seconds = round(time.monotonic() - started, 3)
         return out
 

@@ -1,15 +1,25 @@
-"""Engine settings: the contract's ``LCM_*`` variables, read once, validated, immutable.
+"""Every environment variable lcm reads, in one place: read when asked, validated.
 
-``LcmConfig.from_env()`` reads the environment when an engine is constructed (two engines in
-one process may differ); a bad value raises ``ValueError`` naming the variable and what it
-accepts. Nothing here touches the disk or the network.
+Two kinds:
+  * engine settings (``LcmConfig``): the contract's ``LCM_*`` variables, read once when an
+    engine is constructed (two engines in one process may differ), immutable;
+  * process settings (the functions under "Process environment"): where files go
+    (``LCM_DATABASE_URL``'s default, ``LCM_CACHE_DIR``), which host this is (``HERMES_HOME``),
+    tokenizer and SQLite knobs. Read at the moment they are needed, never at import time.
+
+A bad value raises ``ValueError`` (``ConfigError`` for process settings) naming the variable and
+what it accepts. Nothing here touches the disk or the network. ``LCM_DEBUG`` alone is the
+command line's own (it decides how a crash is shown, not what lcm does).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from lcm.errors import ConfigError
 
 SUMMARIZER_CHOICES = ("auto", "llm", "extractive")
 
@@ -120,3 +130,57 @@ class LcmConfig:
                 ",".join(value) if isinstance(value, tuple) else str(value))
             rows.append((f.metadata["env"], shown, f.metadata["doc"]))
         return rows
+
+
+# --------------------------------------------------------------------------- process environment
+
+#: How long a SQLite write waits for another writer's lock before failing (milliseconds).
+DEFAULT_SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def database_url_from_env() -> str | None:
+    """``LCM_DATABASE_URL`` when set (the default database of every command and host)."""
+    return os.environ.get("LCM_DATABASE_URL", "").strip() or None
+
+
+def hermes_home_from_env() -> Path | None:
+    """``HERMES_HOME``: set when lcm runs inside (or for) a Hermes agent."""
+    raw = os.environ.get("HERMES_HOME", "").strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def default_sqlite_path() -> Path:
+    """``lcm.db`` under the Hermes home when running inside Hermes, else under ``~/.lcm``."""
+    home = hermes_home_from_env()
+    return (home if home is not None else Path.home() / ".lcm") / "lcm.db"
+
+
+def cache_dir() -> Path:
+    """Where lcm keeps caches it can rebuild (the parsed tokenizer): ``LCM_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/lcm``, else ``~/.cache/lcm``."""
+    explicit = os.environ.get("LCM_CACHE_DIR", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "lcm"
+
+
+def tokenizer_cache_enabled() -> bool:
+    """``LCM_TOKENIZER_CACHE=0`` turns the parsed-tokenizer cache off."""
+    return os.environ.get("LCM_TOKENIZER_CACHE", "1").strip() != "0"
+
+
+def tiktoken_download_allowed() -> bool:
+    """``LCM_TIKTOKEN_DOWNLOAD=1`` lets tiktoken fetch a model's encoding from the network."""
+    return os.environ.get("LCM_TIKTOKEN_DOWNLOAD", "").strip() == "1"
+
+
+def sqlite_busy_timeout_ms() -> int:
+    """``LCM_SQLITE_BUSY_TIMEOUT_MS``: how long a SQLite write waits for the write lock."""
+    raw = os.environ.get("LCM_SQLITE_BUSY_TIMEOUT_MS", "").strip()
+    if not raw:
+        return DEFAULT_SQLITE_BUSY_TIMEOUT_MS
+    try:
+        return _parse_int("LCM_SQLITE_BUSY_TIMEOUT_MS", raw, 0, 3_600_000)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from lcm.assembly import Assembly, assemble, summary_message_cost
 from lcm.compaction import Compactor, Outcome, tail_start_index
 from lcm.config import LcmConfig
-from lcm.db import default_sqlite_path
+from lcm.config import default_sqlite_path
 from lcm.errors import DatabaseUnavailableError, InvalidMessageError, LcmError, NotFoundError
 from lcm.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.ingest import IngestResult, Ingestor, message_key
@@ -49,7 +49,8 @@ class LcmEngine(ContextEngineBase):
     """Lossless context management behind the host's context-engine contract."""
 
     def __init__(self, config: LcmConfig | None = None, *, store: Store | None = None,
-                 summarizer: Summarizer | None = None, **kwargs: Any):
+                 summarizer: Summarizer | None = None, tokens: TokenCounter | None = None,
+                 **kwargs: Any):
         self.config = config if config is not None else LcmConfig.from_env()
         self.last_prompt_tokens = 0
         self.last_completion_tokens = 0
@@ -63,6 +64,7 @@ class LcmEngine(ContextEngineBase):
         self.model: str | None = kwargs.get("model")
         self._store = store
         self._summarizer = summarizer
+        self._tokens = tokens
         self._hermes_home = hermes_home_from(kwargs)
         self._inside_hermes = HERMES_AVAILABLE and (self._hermes_home is not None or
                                                     kwargs.get("inside_hermes", False))
@@ -88,7 +90,7 @@ class LcmEngine(ContextEngineBase):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "LcmEngine":
         """A fresh engine for another agent: same configuration and shared store, own state."""
-        clone = type(self)(self.config, store=self._store, summarizer=None)
+        clone = type(self)(self.config, store=self._store, summarizer=None, tokens=self._tokens)
         clone.context_length = self.context_length
         clone.threshold_tokens = self.threshold_tokens
         clone.model = self.model
@@ -115,12 +117,14 @@ class LcmEngine(ContextEngineBase):
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store.open(self.database_url(), token_counter=TokenCounter(self.model))
+            self._store = Store.open(self.database_url())
         return self._store
 
     @property
     def tokens(self) -> TokenCounter:
-        return self.store.tokens
+        if self._tokens is None:
+            self._tokens = TokenCounter(self.model)
+        return self._tokens
 
     @property
     def summarizer(self) -> Summarizer:
@@ -133,13 +137,13 @@ class LcmEngine(ContextEngineBase):
         """Recognises the messages lcm generated (by digest, never by their text)."""
         if self._own is None:
             agent = self.agent_id
-            self._own = OwnMessages(lambda digests: self.store.generated(agent, digests))
+            self._own = OwnMessages(lambda digests: self.store.messages.generated(agent, digests))
         return self._own
 
     @property
     def ingestor(self) -> Ingestor:
         if self._ingestor is None:
-            self._ingestor = Ingestor(self.store, own=self.own_messages,
+            self._ingestor = Ingestor(self.store, self.tokens, own=self.own_messages,
                                       stands_for=self.own_messages.stands_for)
         return self._ingestor
 
@@ -168,7 +172,7 @@ class LcmEngine(ContextEngineBase):
             session_id, kwargs = self._pending_start
             self._start_session(session_id, kwargs)
         if self._session is None:
-            self._session = self.store.get_or_create_session(self.agent_id, DEFAULT_SESSION_KEY)
+            self._session = self.store.sessions.get_or_create(self.agent_id, DEFAULT_SESSION_KEY)
         return self._session
 
     # ------------------------------------------------------------------ host lifecycle
@@ -205,12 +209,12 @@ class LcmEngine(ContextEngineBase):
         old_key = kwargs.get("old_session_id")
         if kwargs.get("boundary_reason") == "compression" and old_key:
             current = self._session if self._session is not None and (
-                old_key in self.store.session_keys(self._session.id)) else self.store.find_session(
+                old_key in self.store.sessions.keys(self._session.id)) else self.store.sessions.find(
                 self.agent_id, str(old_key))
             if current is not None:  # the same conversation continues under a new host id
-                self._session = self.store.alias_session(self.agent_id, key, current.id)
+                self._session = self.store.sessions.alias(self.agent_id, key, current.id)
                 return
-        session = self.store.get_or_create_session(self.agent_id, key, platform=platform,
+        session = self.store.sessions.get_or_create(self.agent_id, key, platform=platform,
                                                    conversation_id=conversation_id)
         if self._carry_from is not None and self._carry_from != session.id:
             self._carry(self._carry_from, session)
@@ -222,18 +226,18 @@ class LcmEngine(ContextEngineBase):
         depth = self.config.new_session_retain_depth
         if depth == 0:
             return
-        nodes = self.store.carried_summaries(from_pk) + self.store.uncondensed_summaries(from_pk)
+        nodes = self.store.summaries.carried(from_pk) + self.store.summaries.uncondensed(from_pk)
         keep = [n for n in nodes if depth < 0 or n.depth >= depth]
         if keep:
-            self.store.carry_summaries(to.id, [n.id for n in keep])
+            self.store.summaries.carry(to.id, [n.id for n in keep])
             log.info("lcm: carried %d summaries into the new session %s", len(keep), to.session_key)
 
     def carry_over_new_session_context(self, old_session_id: str, new_session_id: str) -> None:
         """Hermes' explicit carry hook (/new with carry-over): same as the reset-then-start path."""
         try:
             with self._lock:
-                old = self.store.find_session(self.agent_id, str(old_session_id))
-                new = self.store.find_session(self.agent_id, str(new_session_id))
+                old = self.store.sessions.find(self.agent_id, str(old_session_id))
+                new = self.store.sessions.find(self.agent_id, str(new_session_id))
                 if old is not None and new is not None and old.id != new.id:
                     self._carry(old.id, new)
         except Exception as exc:  # noqa: BLE001
@@ -256,8 +260,8 @@ class LcmEngine(ContextEngineBase):
         try:
             with self._lock:
                 target = self._session
-                if target is None or session_id not in self.store.session_keys(target.id):
-                    target = self.store.find_session(self.agent_id, str(session_id)) if session_id else None
+                if target is None or session_id not in self.store.sessions.keys(target.id):
+                    target = self.store.sessions.find(self.agent_id, str(session_id)) if session_id else None
                 if target is not None and messages:
                     self.ingestor.ingest(target.id, messages)
         except Exception as exc:  # noqa: BLE001
@@ -327,7 +331,7 @@ class LcmEngine(ContextEngineBase):
                 return True
             with self._lock:
                 return self._session is not None and self.compactor.condensable(
-                    self.store.compaction_view(self._session.id)) is not None
+                    self.store.summaries.compaction_view(self._session.id)) is not None
         except Exception as exc:  # noqa: BLE001
             self._failed("has_content_to_compress", exc)
             return False
@@ -394,7 +398,7 @@ class LcmEngine(ContextEngineBase):
             kept["over_budget"] = bool(cap) and host_size > cap
             self._record(kept)
             return messages
-        view = self.store.compaction_view(session.id)
+        view = self.store.summaries.compaction_view(session.id)
         session = self._session = view.session
         assembly = self._assemble(view, seen.system)
         result: dict[str, Any] = outcome.as_dict()
@@ -440,7 +444,7 @@ class LcmEngine(ContextEngineBase):
         """Bind to an existing session of this agent (never creating one): the command line's
         way in. NotFoundError when the agent has no such session."""
         with self._lock:
-            found = self.store.find_session(self.agent_id, str(session_key))
+            found = self.store.sessions.find(self.agent_id, str(session_key))
             if found is None:
                 raise NotFoundError(f"agent {self.agent_id!r} has no session {session_key!r} "
                                     "(lcm sessions lists them)")
@@ -451,11 +455,11 @@ class LcmEngine(ContextEngineBase):
         """Compact the bound session from what is stored, with no host transcript: what an
         import does after each turn. Same planning, bounds and outcome as ``compress``."""
         with self._lock:
-            session = self.store.get_session(self.session.id)
+            session = self.store.sessions.get(self.session.id)
             outcome = self.compactor.run(session, estimate=self._estimator(0), target=self._target(),
                                          force=force, focus=focus_topic)
             if outcome.passes:
-                self._session = self.store.get_session(session.id)
+                self._session = self.store.sessions.get(session.id)
                 self.ingestor.forget(session.id)  # a host view, if any, is out of date now
                 self._handed = None
             result = outcome.as_dict()
@@ -465,7 +469,7 @@ class LcmEngine(ContextEngineBase):
     def assemble_context(self, system: Mapping[str, Any] | None = None) -> Assembly:
         """The context lcm would hand the host now for the bound session (nothing written)."""
         with self._lock:
-            view = self.store.compaction_view(self.session.id)
+            view = self.store.summaries.compaction_view(self.session.id)
             self._session = view.session
             return self._assemble(view, system)
 
@@ -483,7 +487,7 @@ class LcmEngine(ContextEngineBase):
         if budget is not None and session.raw_tokens > 2 * budget:
             load_from = self._backlog_start(session, plan.tail_start, budget)
         skipped = (first_raw, load_from - 1, load_from - first_raw) if load_from > first_raw else None
-        raw = self.store.get_messages(session.id, first_seq=load_from)
+        raw = self.store.messages.get_range(session.id, first_seq=load_from)
         return assemble(system=system, nodes=view.nodes, carried_ids=frozenset(n.id for n in view.carried),
                         raw=raw, tail_start_seq=plan.tail_start, budget=budget,
                         overhead=self._overhead, tokens=self.tokens, skipped=skipped,
@@ -492,7 +496,7 @@ class LcmEngine(ContextEngineBase):
     def _backlog_start(self, session: SessionRecord, tail_start: int, budget: int) -> int:
         """Where to start loading raw messages when the raw region is far beyond the budget:
         at a turn start (assistant message) no further back than what could still fit."""
-        metas = self.store.message_metas(session.id, first_seq=max(session.covered_seq + 1,
+        metas = self.store.messages.metas(session.id, first_seq=max(session.covered_seq + 1,
                                                                     tail_start - 5000),
                                          last_seq=tail_start - 1)
         acc, cut = 0, 0
@@ -512,11 +516,11 @@ class LcmEngine(ContextEngineBase):
                       for copy, original in assembly.cut}
         digests = {d: stands_for.get(id(m)) for m in assembly.messages if id(m) not in verbatim
                    for d in (generated_digest(m),) if d is not None}
-        self.store.remember_generated(self.agent_id, digests)
+        self.store.messages.remember_generated(self.agent_id, digests)
         self.own_messages.add(digests)
         first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
-        self.store.set_host_view(session.id, first)
-        self.ingestor.remember(self.store.get_session(session.id), assembly.included, assembly.messages)
+        self.store.sessions.set_host_view(session.id, first)
+        self.ingestor.remember(self.store.sessions.get(session.id), assembly.included, assembly.messages)
 
     # ------------------------------------------------------------------ status & tools
 
@@ -528,7 +532,7 @@ class LcmEngine(ContextEngineBase):
             return
         try:
             if self._session is not None:
-                self.store.record_compaction(self._session.id, outcome)
+                self.store.sessions.record_compaction(self._session.id, outcome)
         except Exception as exc:  # noqa: BLE001
             self._failed("record_compaction", exc)
 

@@ -178,11 +178,11 @@ def _database_for(home: Path) -> str:
     if env_file.is_file():
         for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.strip().startswith("LCM_DATABASE_URL="):
-                from lcm.db import display_url, resolve_url
+                from lcm.store.connection import display_url, resolve_url
 
                 return display_url(resolve_url(line.split("=", 1)[1].strip().strip("'\"")))
     if os.environ.get("LCM_DATABASE_URL"):
-        from lcm.db import display_url, resolve_url
+        from lcm.store.connection import display_url, resolve_url
 
         return display_url(resolve_url(None)) + " (from LCM_DATABASE_URL in this shell: set it for Hermes too)"
     return str(home / "lcm.db")
@@ -261,7 +261,7 @@ def install(home: Path, *, database_url: str | None = None) -> SetupReport:
 
     # 3. the database
     if database_url:
-        from lcm.db import display_url, resolve_url
+        from lcm.store.connection import display_url, resolve_url
         from lcm.store import Store
 
         Store.open(database_url, upgrade=True)  # create or upgrade it now: an operator's step

@@ -52,8 +52,10 @@ from typing import Any
 
 from lcm.errors import ConcurrentUpdateError
 from lcm.messages import chain_identity, content_hash, message_uid, uid_identity, unstorable_reason
+from lcm.prepare import PreparedMessage, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
-from lcm.store import PreparedMessage, Store
+from lcm.store import Store
+from lcm.tokens import TokenCounter
 from lcm.transcript import conversation_of, recall_call_ids, split_transcript
 
 log = logging.getLogger(__name__)
@@ -133,21 +135,22 @@ class _Reader:
         self.store = store
 
     def session(self, pk: int) -> SessionRecord:
-        return self.store.get_session(pk)
+        return self.store.sessions.get(pk)
 
     def metas(self, pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]:
-        return self.store.message_metas(pk, first_seq=first_seq, last_seq=last_seq)
+        return self.store.messages.metas(pk, first_seq=first_seq, last_seq=last_seq)
 
     def forks(self, pk: int, fork_seq: int) -> list[SessionRecord]:
-        return self.store.forks(pk, fork_seq)
+        return self.store.sessions.forks(pk, fork_seq)
 
     def seq_of_identity(self, pk: int, identity: str) -> int | None:
-        return self.store.seq_of_identity(pk, identity)
+        return self.store.messages.seq_of_identity(pk, identity)
 
 
 @dataclass
 class Ingestor:
     store: Store
+    tokens: TokenCounter = field(default_factory=TokenCounter)
     own: Callable[[Any], bool] = field(default=lambda m: False)
     #: The alignment key of the stored message a cut copy lcm handed out stands for, else None.
     stands_for: Callable[[Any], str | None] = field(default=lambda m: None)
@@ -167,7 +170,7 @@ class Ingestor:
         and ``records`` its verbatim messages (their ``message`` objects, which the host keeps
         appending after)."""
         system, conversation = split_transcript(host, self.own)
-        tail = self.store.tail(session.id, 1)
+        tail = self.store.messages.tail(session.id, 1)
         end = tail[-1] if tail else None
         extendable = end is not None and bool(records) and records[-1].store_id == end.store_id
         objects = [r.message for r in records]
@@ -211,9 +214,9 @@ class Ingestor:
             return None
         recall = seen.recall | recall_call_ids(good)
         try:
-            result = self.store.append_messages(
-                seen.session.id, good, after_identity=seen.end_identity or None,
-                expect_last_seq=seen.end_seq, recall_call_ids=recall)
+            result = self.store.messages.append(
+                seen.session.id, prepare_messages(good, self.tokens, recall),
+                after_identity=seen.end_identity or None, expect_last_seq=seen.end_seq)
         except ConcurrentUpdateError:
             return None
         self._count_skipped(result.session, unnoted)
@@ -239,12 +242,12 @@ class Ingestor:
         # expensive part of a write. The plan that counts is made again under the lock.
         guess = _plan(_Reader(self.store), session_pk, keys)
         prepared: dict[int, PreparedMessage] = dict(zip(
-            guess.new_idx, self.store.prepare([good[i] for i in guess.new_idx], recall), strict=True))
-        with self.store.session_family(session_pk) as writer:
+            guess.new_idx, prepare_messages([good[i] for i in guess.new_idx], self.tokens, recall), strict=True))
+        with self.store.sessions.family(session_pk) as writer:
             plan = _plan(writer, session_pk, keys)
             missing = [i for i in plan.new_idx if i not in prepared]
             if missing:
-                prepared.update(zip(missing, self.store.prepare([good[i] for i in missing], recall),
+                prepared.update(zip(missing, prepare_messages([good[i] for i in missing], self.tokens, recall),
                                     strict=True))
             target, forked = plan.target, False
             if plan.new_idx and plan.fork_seq is not None:
@@ -282,10 +285,10 @@ class Ingestor:
         """A fork's context starts with the parent's summaries of what the two share."""
         if fork.parent_id is None or fork.fork_seq is None:
             return
-        nodes = self.store.carried_summaries(fork.parent_id) + [
-            n for n in self.store.uncondensed_summaries(fork.parent_id) if n.last_seq <= fork.fork_seq]
+        nodes = self.store.summaries.carried(fork.parent_id) + [
+            n for n in self.store.summaries.uncondensed(fork.parent_id) if n.last_seq <= fork.fork_seq]
         if nodes:
-            self.store.carry_summaries(fork.id, [n.id for n in nodes])
+            self.store.summaries.carry(fork.id, [n.id for n in nodes])
 
     def _unnoted(self, session: SessionRecord, bad: Sequence[Any]) -> list[tuple[str, Any]]:
         """The messages that cannot be stored and this process has not counted yet (by mark)."""
@@ -299,7 +302,7 @@ class Ingestor:
 
     def _count_skipped(self, session: SessionRecord, unnoted: list[tuple[str, Any]]) -> None:
         if unnoted:
-            self.store.add_skipped(session.id, len(unnoted))
+            self.store.sessions.add_skipped(session.id, len(unnoted))
             self._noted(session, unnoted)
 
     def _noted(self, session: SessionRecord, unnoted: list[tuple[str, Any]]) -> None:

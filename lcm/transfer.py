@@ -34,8 +34,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 from lcm.errors import InvalidMessageError, LcmError
 from lcm.ingest import message_key, meta_key
 from lcm.messages import content_hash, encode_message, parse_timestamp
+from lcm.prepare import prepare_messages
 from lcm.records import MessageRecord, SessionRecord
 from lcm.store import Store
+from lcm.tokens import TokenCounter
 from lcm.transcript import is_lcm_summary, is_real_user, recall_call_ids, role_of
 
 EXPORT_PAGE = 500
@@ -217,14 +219,14 @@ def turns(entries: Sequence[Entry]) -> list[list[Entry]]:
     return out
 
 
-def import_session(store: Store, agent: str, plan: SessionPlan, *,
+def import_session(store: Store, agent: str, plan: SessionPlan, tokens: TokenCounter, *,
                    after_turn: Callable[[SessionRecord, int], None] | None = None) -> ImportReport:
     """Store a session's messages exactly once (see the module docstring for the matching
     rule). ``after_turn(session, messages_added)`` runs after each stored turn (compaction,
     progress)."""
-    session = store.get_or_create_session(agent, plan.session_key, platform=plan.platform,
+    session = store.sessions.get_or_create(agent, plan.session_key, platform=plan.platform,
                                           conversation_id=plan.conversation_id)
-    stored = store.message_metas(session.id, first_seq=1, last_seq=session.last_seq) if session.last_seq else []
+    stored = store.messages.metas(session.id, first_seq=1, last_seq=session.last_seq) if session.last_seq else []
     keys = [message_key(e.message, content_hash(e.message)) for e in plan.entries]
     common = 0
     while common < min(len(stored), len(keys)) and meta_key(stored[common]) == keys[common]:
@@ -239,9 +241,9 @@ def import_session(store: Store, agent: str, plan: SessionPlan, *,
     recall = recall_call_ids([e.message for e in plan.entries])
     added = 0
     for turn in turns(rest):
-        result = store.append_messages(
-            session.id, [e.message for e in turn], after_identity=anchor,
-            timestamps=[e.timestamp for e in turn], recall_call_ids=recall)
+        result = store.messages.append(
+            session.id, prepare_messages([e.message for e in turn], tokens, recall), after_identity=anchor,
+            timestamps=[e.timestamp for e in turn])
         anchor, session = result.last_identity, result.session
         added += result.inserted
         if after_turn is not None:
@@ -262,30 +264,20 @@ def export_sessions(store: Store, agent: str, session_key: str | None = None) ->
     """Every stored message of the agent's session (or of all its sessions, oldest session
     first), in store order, as export lines; read page by page, so memory stays flat."""
     if session_key is not None:
-        found = store.find_session(agent, session_key)
+        found = store.sessions.find(agent, session_key)
         if found is None:
             raise TranscriptError(f"agent {agent!r} has no session {session_key!r} (lcm sessions lists them)")
         sessions: Iterator[SessionRecord] = iter([found])
     else:
-        sessions = _all_sessions(store, agent)
+        sessions = store.sessions.iterate(agent)
     for session in sessions:
         cursor = None
         while True:
-            records, cursor = store.page_messages(session.id, after_store_id=cursor, limit=EXPORT_PAGE)
+            records, cursor = store.messages.page(session.id, after_store_id=cursor, limit=EXPORT_PAGE)
             for record in records:
                 yield export_line(session, record)
             if cursor is None:
                 break
-
-
-def _all_sessions(store: Store, agent: str) -> Iterator[SessionRecord]:
-    after = None
-    while True:
-        page = store.list_sessions(agent, limit=100, after_id=after)
-        yield from page
-        if len(page) < 100:
-            return
-        after = page[-1].id
 
 
 def dump_line(line: Mapping[str, Any]) -> str:

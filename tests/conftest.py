@@ -17,7 +17,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from lcm import db
+from lcm.store import connection as db
 from lcm.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def store(db_url: str) -> Store:
 
 @pytest.fixture
 def session(store: Store):
-    return store.get_or_create_session("agent-a", "session-1", platform="cli")
+    return store.sessions.get_or_create("agent-a", "session-1", platform="cli")
 
 
 # --------------------------------------------------------------------------- engine fixtures

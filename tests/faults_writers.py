@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
-from lcm import db
+from lcm.store import connection as db
 from lcm.store import Store
 
 from tests import workers
@@ -30,18 +30,18 @@ def _key(m: dict) -> str:
 
 
 def _lineage(store: Store, session) -> list[dict]:
-    own = [r.message for r in store.get_messages(session.id, limit=1_000_000)]
+    own = [r.message for r in store.messages.get_range(session.id, limit=1_000_000)]
     if session.parent_id is None:
         return own
-    return _lineage(store, store.get_session(session.parent_id))[: session.fork_seq] + own
+    return _lineage(store, store.sessions.get(session.parent_id))[: session.fork_seq] + own
 
 
 def _family(store: Store, agent: str, key: str) -> list:
-    out, todo = [], [store.find_session(agent, key)]
+    out, todo = [], [store.sessions.find(agent, key)]
     while todo:
         s = todo.pop()
         out.append(s)
-        todo.extend(store.forks(s.id))
+        todo.extend(store.sessions.forks(s.id))
     return out
 
 
@@ -57,7 +57,7 @@ def run(url: str, turns: int) -> list[dict]:
     store = Store.open(url)
     expected = [m for i in range(turns) for m in workers.turn("shared", i)]
     sessions = _family(store, "default", key)
-    stored = [r.message for s in sessions for r in store.get_messages(s.id, limit=1_000_000)]
+    stored = [r.message for s in sessions for r in store.messages.get_range(s.id, limit=1_000_000)]
     rows.append(_figures("same transcript, 4 processes", expected, stored,
                          misplaced=0 if _lineage(store, sessions[0]) == expected else 1,
                          sessions=len(sessions)))
@@ -70,11 +70,11 @@ def run(url: str, turns: int) -> list[dict]:
     common = workers.turn("common", 0)
     expected = common + [m for w, _ in results for i in range(1, turns) for m in workers.turn(w, i)]
     sessions = _family(store, "default", key)
-    stored = [r.message for s in sessions for r in store.get_messages(s.id, limit=1_000_000)]
+    stored = [r.message for s in sessions for r in store.messages.get_range(s.id, limit=1_000_000)]
     misplaced = 0
     for worker, session_key in results:
         own = common + [m for i in range(1, turns) for m in workers.turn(worker, i)]
-        line = _lineage(store, store.find_session("default", session_key))
+        line = _lineage(store, store.sessions.find("default", session_key))
         misplaced += sum(1 for a, b in zip(line, own) if a != b) + abs(len(line) - len(own))
     rows.append(_figures("diverging transcripts, 3 processes", expected, stored, misplaced=misplaced,
                          sessions=len(sessions)))

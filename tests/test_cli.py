@@ -141,7 +141,7 @@ def test_ingest_continues_a_grown_transcript_and_refuses_a_different_one(lcm, in
     other.write_text(json.dumps([{"role": "user", "content": "a different conversation"}]), encoding="utf-8")
     code, _, err = lcm("ingest", str(other), "--url", ingested, "--agent", "ops", "--session", "s1")
     assert code == 1 and "already holds different messages" in err and "another session" in err
-    assert Store.open(ingested).find_session("ops", "s1").message_count == len(msgs) - 1
+    assert Store.open(ingested).sessions.find("ops", "s1").message_count == len(msgs) - 1
 
 
 def test_a_bad_line_is_reported_by_number_and_nothing_is_imported(lcm, db_url, tmp_path):
@@ -152,7 +152,7 @@ def test_a_bad_line_is_reported_by_number_and_nothing_is_imported(lcm, db_url, t
     code, out, err = lcm("ingest", str(bad), "--url", db_url, "--session", "s")
     assert code == 1 and "line 3" in err and "line 4" in err and "nothing imported" in err
     assert len(err.strip().splitlines()) == 1 and out == ""
-    assert Store.open(db_url).find_session("default", "s") is None
+    assert Store.open(db_url).sessions.find("default", "s") is None
     res = run_json(lcm, "ingest", str(bad), "--url", db_url, "--session", "s", "--skip-bad")
     assert [s["line"] for s in res["skipped"]] == [3, 4] and res["sessions"][0]["added"] == 2
 
@@ -209,7 +209,7 @@ def test_sessions_grep_describe_expand_and_load(lcm, ingested):
     code, tree, _ = lcm("describe", *url)
     assert code == 0 and f"node:{leaf}" in tree
     loaded = run_json(lcm, "load", "s1", "--max-chars", "20000", *url)
-    stored = Store.open(ingested).get_messages(Store.open(ingested).find_session("ops", "s1").id)
+    stored = Store.open(ingested).messages.get_range(Store.open(ingested).sessions.find("ops", "s1").id)
     assert [i["store_id"] for i in loaded["messages"]] == [r.store_id for r in stored]
     users = run_json(lcm, "load", "s1", "--roles", "user", *url)["messages"]
     assert {i["message"]["role"] for i in users} == {"user"}
@@ -243,7 +243,7 @@ def test_status_doctor_and_repair(lcm, ingested):
     assert session["stored_messages"] == len(transcript()) - 1 and session["nodes_by_depth"]["d0"] >= 2
     assert run_json(lcm, "doctor", *url)["overall"] == "healthy"
     store = Store.open(ingested)
-    newest = store.get_messages(store.find_session("ops", "s1").id)[-1].store_id
+    newest = store.messages.get_range(store.sessions.find("ops", "s1").id)[-1].store_id
     drop_from_index(store, newest)
     code, out, _ = lcm("doctor", *url, "--json")
     assert code == 1 and json.loads(out)["overall"] == "unhealthy"
@@ -261,8 +261,8 @@ def test_backup_is_a_consistent_copy(lcm, ingested, tmp_path):
         return
     assert code == 0 and str(dest) in out, err
     copy = Store.open(f"sqlite:///{dest}")
-    assert copy.stats()["messages"] == len(transcript()) - 1
-    assert {c.status for c in copy.integrity_checks(deep=True)} == {"ok"}
+    assert copy.health.stats()["messages"] == len(transcript()) - 1
+    assert {c.status for c in copy.health.checks(deep=True)} == {"ok"}
     code, _, err = lcm("backup", str(dest), "--url", ingested)
     assert code == 1 and "--force" in err
     assert lcm("backup", str(dest), "--url", ingested, "--force")[0] == 0

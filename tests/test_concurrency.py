@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from sqlalchemy import func, select, text
 
-from lcm.models import Message
+from lcm.store.schema import Message
 from lcm.records import NewSummary
 from lcm.store import Store
 
@@ -44,13 +44,13 @@ def test_many_processes_append_without_loss_or_duplicates(db_url):
 
     store = Store.open(db_url)
     for w in range(WRITERS):
-        s = store.find_session("agent-a", f"s{w}")
-        stored = store.get_messages(s.id)
+        s = store.sessions.find("agent-a", f"s{w}")
+        stored = store.messages.get_range(s.id)
         assert [m.message for m in stored] == [m for i in range(TURNS) for m in workers.turn(f"w{w}", i)]
         assert [m.seq for m in stored] == list(range(1, 4 * TURNS + 1))
-    shared = store.find_session("agent-a", "shared")
+    shared = store.sessions.find("agent-a", "shared")
     expected = [m for i in range(RESEND_TURNS) for m in workers.turn("shared", i)]
-    assert [m.message for m in store.get_messages(shared.id)] == expected
+    assert [m.message for m in store.messages.get_range(shared.id)] == expected
     with store.engine.connect() as conn:
         total = conn.execute(select(func.count()).select_from(Message)).scalar_one()
         distinct = conn.execute(text(
@@ -58,9 +58,9 @@ def test_many_processes_append_without_loss_or_duplicates(db_url):
     assert total == distinct == 4 * (WRITERS * TURNS + RESEND_TURNS)
     for w in range(WRITERS):
         for i in (0, TURNS // 2, TURNS - 1):
-            assert len(store.search_messages(f"tokenw{w}x{i}", agent="agent-a").hits) == 1
-    assert {c.name: c.status for c in store.integrity_checks(deep=True)} == {
-        c.name: "ok" for c in store.integrity_checks()}
+            assert len(store.search.messages(f"tokenw{w}x{i}", agent="agent-a").hits) == 1
+    assert {c.name: c.status for c in store.health.checks(deep=True)} == {
+        c.name: "ok" for c in store.health.checks()}
 
 
 def test_processes_opening_a_new_sqlite_file_at_once_all_succeed(sqlite_url):
@@ -75,13 +75,13 @@ def test_a_process_killed_between_summary_and_edges_leaves_neither(db_url):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == -9, run.stderr
     store = Store.open(db_url)
-    session = store.find_session("agent-a", "crash")
+    session = store.sessions.find("agent-a", "crash")
     assert session.message_count == 8 and session.covered_seq == 0
-    assert store.summaries(session.id) == []
+    assert store.summaries.list(session.id) == []
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM lcm_summary_sources")).scalar_one() == 0
-    assert all(c.status == "ok" for c in store.integrity_checks(deep=True))
-    ids = [m.store_id for m in store.get_messages(session.id)]
-    again = store.write_summary(session.id, NewSummary(depth=0, content="fine now", token_count=1,
-                                                       source_ids=tuple(ids[:4]), kind="extractive"))
-    assert store.summary_source_ids(again.id) == ids[:4]
+    assert all(c.status == "ok" for c in store.health.checks(deep=True))
+    ids = [m.store_id for m in store.messages.get_range(session.id)]
+    again = store.summaries.write(session.id, NewSummary(depth=0, content="fine now", token_count=1,
+                                                       source_ids=tuple(ids[:4]), kind="extractive")).node
+    assert store.summaries.source_ids(again.id) == ids[:4]

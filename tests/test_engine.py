@@ -17,11 +17,11 @@ from tests.conversation import (SYSTEM, conversation, host_tokens, newest_user_i
 from tests.llm_server import completion
 
 def stored(engine: LcmEngine) -> list[dict]:
-    return [m.message for m in engine.store.get_messages(engine.session.id)]
+    return [m.message for m in engine.store.messages.get_range(engine.session.id)]
 
 
 def healthy(engine: LcmEngine) -> None:
-    bad = [c for c in engine.store.integrity_checks(deep=True) if c.status == "fail"]
+    bad = [c for c in engine.store.health.checks(deep=True) if c.status == "fail"]
     assert not bad, bad
 
 
@@ -244,8 +244,8 @@ def test_passes_are_bounded_and_the_rest_continues_next_time(make_engine):
     status = engine.get_status()["last_compaction"]
     assert status["status"] == "partial" and "LCM_MAX_PASSES" in status["reason"]
     engine.compress(first, current_tokens=host_tokens(transcript))
-    assert engine.store.get_session(engine.session.id).covered_seq > 0
-    assert sum(d.count for d in engine.store.depth_stats(engine.session.id)) == 2
+    assert engine.store.sessions.get(engine.session.id).covered_seq > 0
+    assert sum(d.count for d in engine.store.summaries.depth_stats(engine.session.id)) == 2
 
 
 def test_nothing_outside_the_fresh_tail_is_a_reason_not_a_loop(make_engine):
@@ -272,13 +272,13 @@ def test_condensation_fanin_and_max_depth(make_engine):
     engine = make_engine(condensation_fanin=2, incremental_max_depth=1, leaf_chunk_tokens=200)
     engine.on_session_start("s")
     run_host(engine, 40)
-    depths = {d.depth: d for d in engine.store.depth_stats(engine.session.id)}
+    depths = {d.depth: d for d in engine.store.summaries.depth_stats(engine.session.id)}
     assert set(depths) == {0, 1} and depths[1].count >= 2
     assert depths[0].uncondensed < 2  # every full run of 2 leaves was condensed
     leaves_only = make_engine(incremental_max_depth=0)
     leaves_only.on_session_start("t")
     run_host(leaves_only, 30)
-    assert {d.depth for d in leaves_only.store.depth_stats(leaves_only.session.id)} == {0}
+    assert {d.depth for d in leaves_only.store.summaries.depth_stats(leaves_only.session.id)} == {0}
 
 
 def test_a_tool_group_is_never_split_and_a_giant_message_is_its_own_leaf(make_engine):
@@ -286,13 +286,13 @@ def test_a_tool_group_is_never_split_and_a_giant_message_is_its_own_leaf(make_en
     engine.on_session_start("s")
     transcript = [SYSTEM, *turn(0, tools=6), *turn(1, user="huge " * 2000), *conversation(6)]
     engine.compress(transcript, current_tokens=host_tokens(transcript))
-    for leaf in engine.store.summaries(engine.session.id, depth=0):
-        msgs = [m.message for m in engine.store.get_messages(engine.session.id, first_seq=leaf.first_seq,
+    for leaf in engine.store.summaries.list(engine.session.id, depth=0):
+        msgs = [m.message for m in engine.store.messages.get_range(engine.session.id, first_seq=leaf.first_seq,
                                                               last_seq=leaf.last_seq)]
         assert sequence_problems([{"role": "user", "content": "x"}, *msgs]) == [] or msgs[0]["role"] == "user"
-        following = engine.store.get_messages(engine.session.id, first_seq=leaf.last_seq + 1, limit=1)
+        following = engine.store.messages.get_range(engine.session.id, first_seq=leaf.last_seq + 1, limit=1)
         assert not following or following[0].role == "assistant"  # every leaf ends at a turn boundary
-    huge = [s for s in engine.store.summaries(engine.session.id, depth=0) if s.source_token_count > 1000]
+    huge = [s for s in engine.store.summaries.list(engine.session.id, depth=0) if s.source_token_count > 1000]
     assert huge and all(s.source_count <= 4 for s in huge)
 
 
@@ -341,7 +341,7 @@ def test_a_message_larger_than_the_window_is_handed_back_cut_and_recognised(make
     last = engine.get_status()["last_compaction"]
     assert not last["over_budget"] and last["assembled_tokens"] <= 1200, last
     [cut] = [m for m in out if "lcm cut:" in str(m.get("content"))]
-    stored = engine.store.get_messages(engine.session.id)
+    stored = engine.store.messages.get_range(engine.session.id)
     original = next(r for r in stored if r.message.get("content") == huge)
     assert f"lcm_expand(store_id={original.store_id})" in cut["content"]
     assert cut["tool_call_id"] == newest[2]["tool_call_id"] and len(cut["content"]) < len(huge) // 10
@@ -351,12 +351,12 @@ def test_a_message_larger_than_the_window_is_handed_back_cut_and_recognised(make
     assert whole["item"]["message"]["content"].startswith(huge[:1000])
     count = len(stored)
     engine.on_turn_complete(out + conversation(11)[-len(turn(10)):])
-    assert len(engine.store.get_messages(engine.session.id)) == count + len(turn(10))
+    assert len(engine.store.messages.get_range(engine.session.id)) == count + len(turn(10))
     restarted = make_engine(context_length=100_000, max_assembly_tokens=1200)
     restarted.on_session_start("s")
     restarted.on_turn_complete(out + conversation(11)[-len(turn(10)):])
-    assert len(restarted.store.get_messages(restarted.session.id)) == count + len(turn(10))
-    assert restarted.store.forks(restarted.session.id) == []
+    assert len(restarted.store.messages.get_range(restarted.session.id)) == count + len(turn(10))
+    assert restarted.store.sessions.forks(restarted.session.id) == []
 
 
 def test_a_tail_bigger_than_the_cap_is_reported(make_engine):
@@ -376,7 +376,7 @@ def test_focus_topic_and_llm_summaries(make_engine, llm):
     engine.compress(transcript, current_tokens=host_tokens(transcript), focus_topic="the step-7 failure")
     assert llm.requests and all(r["model"] == "sum-model" for r in llm.requests)
     assert "the step-7 failure" in llm.requests[0]["messages"][0]["content"]
-    kinds = {s.kind for s in engine.store.summaries(engine.session.id)}
+    kinds = {s.kind for s in engine.store.summaries.list(engine.session.id)}
     assert kinds <= {"llm", "llm-bullets"}
     assert engine.get_status()["summarizer"]["route"].startswith("endpoint:sum-model")
 
@@ -424,8 +424,8 @@ def test_compression_boundary_continues_the_same_conversation(make_engine):
     assert engine.session.id == session_pk
     transcript, more = run_host(engine, 2, start=20, transcript=transcript)
     assert stored(engine) == sent + more
-    assert engine.store.find_session(engine.agent_id, "second").id == session_pk
-    assert engine.store.session_keys(session_pk) == ["first", "second"]
+    assert engine.store.sessions.find(engine.agent_id, "second").id == session_pk
+    assert engine.store.sessions.keys(session_pk) == ["first", "second"]
 
 
 def test_new_session_carries_deep_summaries_and_keeps_raw_messages(make_engine):
@@ -433,13 +433,13 @@ def test_new_session_carries_deep_summaries_and_keeps_raw_messages(make_engine):
     engine.on_session_start("old")
     run_host(engine, 40)
     old = engine.session
-    deep = [n for n in engine.store.uncondensed_summaries(old.id) if n.depth >= 1]
+    deep = [n for n in engine.store.summaries.uncondensed(old.id) if n.depth >= 1]
     assert deep
     engine.on_session_end("old", [])
     engine.on_session_reset()
     engine.on_session_start("new", old_session_id="old")
     assert engine.session.id != old.id
-    carried = engine.store.carried_summaries(engine.session.id)
+    carried = engine.store.summaries.carried(engine.session.id)
     assert {n.id for n in carried} == {n.id for n in deep}
     # visible at once to the tools ...
     overview = json.loads(engine.handle_tool_call("lcm_describe", {}))
@@ -452,7 +452,7 @@ def test_new_session_carries_deep_summaries_and_keeps_raw_messages(make_engine):
     summary = next(m for m in transcript if m.get("_compressed_summary") and m["role"] == "user")
     assert 'from_previous_session="true"' in summary["content"]
     assert sequence_problems(transcript, system=SYSTEM) == []
-    assert engine.store.get_session(old.id).message_count == old.message_count  # raw rows stay
+    assert engine.store.sessions.get(old.id).message_count == old.message_count  # raw rows stay
     assert stored(engine)[0]["content"].startswith("Request 100")
 
 
@@ -462,7 +462,7 @@ def test_retain_depth_zero_carries_nothing(make_engine):
     run_host(engine, 20)
     engine.on_session_reset()
     engine.on_session_start("new")
-    assert engine.store.carried_summaries(engine.session.id) == []
+    assert engine.store.summaries.carried(engine.session.id) == []
 
 
 def test_two_agents_on_one_database_stay_apart(db_url):
@@ -482,10 +482,10 @@ def test_a_failed_session_start_never_files_messages_under_another_session(make_
     """Issue 13.5: when on_session_start failed (database locked or down), the host's messages
     went to a session called "default", merging conversations."""
     from lcm.errors import DatabaseUnavailableError
-    from lcm.store import Store
+    from lcm.store.sessions import SessionRepository
 
     engine = make_engine(context_length=1_000_000)
-    real = Store.get_or_create_session
+    real = SessionRepository.get_or_create
     down = {"on": True}
 
     def flaky(self, *args, **kwargs):
@@ -493,7 +493,7 @@ def test_a_failed_session_start_never_files_messages_under_another_session(make_
             raise DatabaseUnavailableError("the database is down (test)")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Store, "get_or_create_session", flaky)
+    monkeypatch.setattr(SessionRepository, "get_or_create", flaky)
     engine.on_session_start("intended", platform="cli")
     transcript = [SYSTEM, *conversation(2)]
     engine.on_turn_complete(transcript)  # still down: nothing stored anywhere, nothing raised
@@ -503,9 +503,9 @@ def test_a_failed_session_start_never_files_messages_under_another_session(make_
     transcript = transcript + conversation(3)[len(transcript) - 1:]
     engine.on_turn_complete(transcript)
     store = engine.store
-    assert store.find_session(engine.agent_id, "default") is None
-    intended = store.find_session(engine.agent_id, "intended")
-    assert [r.message for r in store.get_messages(intended.id)] == transcript[1:]
+    assert store.sessions.find(engine.agent_id, "default") is None
+    intended = store.sessions.find(engine.agent_id, "intended")
+    assert [r.message for r in store.messages.get_range(intended.id)] == transcript[1:]
     assert intended.platform == "cli"
 
 

@@ -49,15 +49,15 @@ def build_turn(i: int, spec: dict) -> list[dict]:
 
 
 def check_dag(engine) -> None:
-    store, session = engine.store, engine.store.get_session(engine.session.id)
-    checks = {c.name: c for c in store.integrity_checks(deep=False)}
+    store, session = engine.store, engine.store.sessions.get(engine.session.id)
+    checks = {c.name: c for c in store.health.checks(deep=False)}
     for name in ("coverage", "dag_edges", "session_counters", "agent_scope"):
         assert checks[name].status == "ok", checks[name]
-    for node in store.summaries(session.id, limit=1000):
-        sources, total = store.expand_summary(node.id)
+    for node in store.summaries.list(session.id, limit=1000):
+        sources, total = store.summaries.expand(node.id)
         assert total == node.source_count == len(sources)
         if node.depth == 0:  # expansion reproduces the covered messages, in order, exactly
-            expected = store.get_messages(session.id, first_seq=node.first_seq, last_seq=node.last_seq)
+            expected = store.messages.get_range(session.id, first_seq=node.first_seq, last_seq=node.last_seq)
             assert [m.message for m in sources] == [m.message for m in expected]
             assert all(isinstance(m, MessageRecord) for m in sources)
         else:  # children: one depth lower, consecutive, covering the node's range
@@ -96,7 +96,7 @@ def test_invariants_hold_over_many_compress_rounds(make_engine, specs, window, t
         if outcome["passes"]:
             assert outcome["tokens_after"] < outcome["tokens_before"] or outcome["status"] == "partial"
         # 1. lossless, exactly once: the store holds precisely what was sent, byte for byte
-        assert [m.message for m in engine.store.get_messages(engine.session.id)] == sent
+        assert [m.message for m in engine.store.messages.get_range(engine.session.id)] == sent
         # 2./3. coverage and expansion
         check_dag(engine)
         if out is not transcript:

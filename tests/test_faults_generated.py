@@ -53,12 +53,12 @@ def test_generated_transcripts_from_two_hosts_are_stored_once_in_order(sqlite_ur
     for h in (0, 1):
         hosts[h].on_turn_complete([SYSTEM, *transcript])
     store = hosts[0].store
-    session = store.find_session(hosts[0].agent_id, key)
-    stored = [r.message for r in store.get_messages(session.id, limit=10_000)]
+    session = store.sessions.find(hosts[0].agent_id, key)
+    stored = [r.message for r in store.messages.get_range(session.id, limit=10_000)]
     expected = [make_storable({k: v for k, v in m.items() if k != "_db_persisted"})[0]
                 for m in transcript if unstorable_reason(m) is None]
     assert json.dumps(stored, sort_keys=True) == json.dumps(expected, sort_keys=True)
-    assert store.forks(session.id) == []
+    assert store.sessions.forks(session.id) == []
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

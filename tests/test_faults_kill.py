@@ -42,10 +42,10 @@ def test_a_host_killed_at_random_points_loses_and_duplicates_nothing(db_url):
     assert final.stdout.strip().endswith("done"), final.stderr[-2000:]
     assert landed >= KILLS // 2, landed
     store = Store.open(db_url)
-    session = store.find_session("default", "killed")
+    session = store.sessions.find("default", "killed")
     expected = [m for i in range(TURNS) for m in workers.turn("k", i)]
-    assert [r.message for r in store.get_messages(session.id, limit=10_000)] == expected
-    assert store.forks(session.id) == []
+    assert [r.message for r in store.messages.get_range(session.id, limit=10_000)] == expected
+    assert store.sessions.forks(session.id) == []
     assert session.covered_seq > 0  # it compacted
-    bad = [c for c in store.integrity_checks(deep=True) if c.status != "ok"]
+    bad = [c for c in store.health.checks(deep=True) if c.status != "ok"]
     assert not bad, bad

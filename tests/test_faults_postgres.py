@@ -88,7 +88,7 @@ def cluster():
         Store.open(c.url, upgrade=True)
         yield c
     finally:
-        from lcm import db
+        from lcm.store import connection as db
 
         db.dispose(db.resolve_url(c.url))
         c.close()
@@ -101,8 +101,8 @@ def _engine(url: str) -> LcmEngine:
 
 
 def _stored(engine: LcmEngine, key: str) -> list[dict]:
-    session = engine.store.find_session(engine.agent_id, key)
-    return [r.message for r in engine.store.get_messages(session.id, limit=10_000)] if session else []
+    session = engine.store.sessions.find(engine.agent_id, key)
+    return [r.message for r in engine.store.messages.get_range(session.id, limit=10_000)] if session else []
 
 
 def test_a_restart_and_an_outage_mid_session_lose_and_duplicate_nothing(cluster):
@@ -138,5 +138,5 @@ def test_an_outage_at_session_start_files_nothing_under_another_session(cluster)
     cluster.start()
     transcript = transcript + conversation(6)[len(transcript) - 1:]
     engine.on_turn_complete(transcript)
-    assert engine.store.find_session(engine.agent_id, "default") is None
+    assert engine.store.sessions.find(engine.agent_id, "default") is None
     assert _stored(engine, "intended") == transcript[1:]

@@ -40,7 +40,7 @@ def host_turn(url: str, turns: int) -> dict:
     doctor = json.loads(engine.handle_tool_call("lcm_doctor", {}))
     status = engine.get_status()
     try:
-        stored = len(engine.store.get_messages(engine.session.id, limit=10_000))
+        stored = len(engine.store.messages.get_range(engine.session.id, limit=10_000))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         stored = f"{type(exc).__name__}: {exc}"
     return {"stored": stored, "last_error": status["last_error"],
@@ -78,7 +78,7 @@ def nobody_dir(tmp_path: Path) -> Path:
         if not os.access(parent, os.X_OK) or not parent.stat().st_mode & stat.S_IXOTH:
             parent.chmod(parent.stat().st_mode | stat.S_IXOTH)
     # Everything lcm imports is loaded here, before the children fork.
-    Store.open(f"sqlite:///{tmp_path / 'warm.db'}").get_or_create_session("a", "s")
+    Store.open(f"sqlite:///{tmp_path / 'warm.db'}").sessions.get_or_create("a", "s")
     return home
 
 
@@ -112,13 +112,13 @@ def test_the_doctor_names_a_write_lock_held_by_another_process(sqlite_url: str):
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
-        checks = {c.name: c for c in store.integrity_checks()}
+        checks = {c.name: c for c in store.health.checks()}
         assert checks["sqlite_write_lock"].status == "warn"
         assert "another process holds the write lock" in checks["sqlite_write_lock"].detail
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert {c.name: c.status for c in store.integrity_checks()}["sqlite_write_lock"] == "ok"
+    assert {c.name: c.status for c in store.health.checks()}["sqlite_write_lock"] == "ok"
 
 
 @pytest.fixture
@@ -135,9 +135,9 @@ def small_disk(tmp_path: Path):
     try:
         yield mount
     finally:
-        from lcm import db
+        from lcm.store import connection as db
 
-        db.dispose_all()
+        db.dispose(db.resolve_url(f"sqlite:///{mount / 'lcm.db'}"))
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
@@ -165,7 +165,7 @@ def test_a_full_disk_loses_nothing_and_writes_resume_when_there_is_room(small_di
     full = full + conversation(4)[len(conversation(2)):]
     engine.on_turn_complete(full)
     assert engine.get_status()["last_error"] == error  # no new failure
-    stored = [r.message for r in engine.store.get_messages(engine.session.id, limit=10_000)]
+    stored = [r.message for r in engine.store.messages.get_range(engine.session.id, limit=10_000)]
     assert stored == full[1:]
-    assert all(c.status == "ok" for c in engine.store.integrity_checks(deep=True)
-               if c.name != "summary_sizes"), engine.store.integrity_checks(deep=True)
+    assert all(c.status == "ok" for c in engine.store.health.checks(deep=True)
+               if c.name != "summary_sizes"), engine.store.health.checks(deep=True)

@@ -45,7 +45,7 @@ def test_a_failing_llm_never_stalls_compaction(make_engine, llm, fault):
         sizes.append(sum(engine.tokens.count_message_text(message_text(m)) for m in out))
         assert not sequence_problems(out, SYSTEM), sequence_problems(out, SYSTEM)
     assert engine.compression_count > 0
-    assert engine.store.depth_stats(engine.session.id), "no summary was ever written"
+    assert engine.store.summaries.depth_stats(engine.session.id), "no summary was ever written"
     assert max(sizes[5:]) <= window, sizes  # the context handed back stays within the window
 
 
@@ -61,7 +61,7 @@ def test_a_lone_surrogate_reaches_the_model_as_a_replacement_character(make_engi
     assert out is not transcript and engine.compression_count == 1
     assert llm.requests and all("\ufffd" in json.dumps(r, ensure_ascii=False) or "broken" not in
                                 json.dumps(r, ensure_ascii=False) for r in llm.requests)
-    stored = [r.message for r in engine.store.get_messages(engine.session.id)]
+    stored = [r.message for r in engine.store.messages.get_range(engine.session.id)]
     assert stored[:2] == odd  # stored exactly, surrogates and all
     answer = json.loads(engine.handle_tool_call("lcm_expand_query", {"prompt": "what broke?",
                                                                       "query": "broken"}))

@@ -91,8 +91,8 @@ def conversation_seen_by_model(model: HermesModel) -> list[dict[str, Any]]:
 
 def stored(home: HermesHome, database: str | None) -> tuple[Store, list[Any]]:
     store = Store.open(database or f"sqlite:///{home.home / 'lcm.db'}")
-    [session] = store.list_sessions("default")  # the profile name is the agent scope
-    return store, store.get_messages(session.id)
+    [session] = store.sessions.list("default")  # the profile name is the agent scope
+    return store, store.messages.get_range(session.id)
 
 
 def sanitizer_check(home: HermesHome, session_id: str) -> dict[str, Any]:
@@ -217,7 +217,7 @@ def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path,
     expected = conversation_seen_by_model(model)
     assert [key(r.message) for r in messages] == [key(m) for m in expected]
     assert [r.message["content"] for r in messages if r.role == "user"] == [*prompts, "RECALL deploy fingerprint"]
-    summaries = store.summaries(messages[0].session_pk, depth=0, limit=100)
+    summaries = store.summaries.list(messages[0].session_pk, depth=0, limit=100)
     assert summaries and all(s.kind.startswith("llm") for s in summaries)  # via Hermes' aux client
 
     # One more process resumes the session and adds exactly its own turn.

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from lcm.ingest import Ingestor
 from lcm.store import Store
 
+from tests.support.storing import append_messages
+
 SYSTEM = {"role": "system", "content": "You are a test agent."}
 
 
@@ -25,19 +27,19 @@ def _msgs(prefix: str, n: int) -> list[dict]:
 
 
 def _stored(store: Store, session_pk: int) -> list[dict]:
-    return [r.message for r in store.get_messages(session_pk, limit=10_000)]
+    return [r.message for r in store.messages.get_range(session_pk, limit=10_000)]
 
 
 @pytest.mark.parametrize("start", [0, 30, 65, 100, 299, 399])  # 65: past the old 64-message look-ahead
 def test_a_transcript_starting_anywhere_adds_only_its_new_messages(store, start):
-    session = store.get_or_create_session("agent-a", "long")
+    session = store.sessions.get_or_create("agent-a", "long")
     history = _msgs("old", 400)
-    store.append_messages(session.id, history)
+    append_messages(store, session.id, history)
     new = _msgs("new", 3)
     result = Ingestor(store).ingest(session.id, [SYSTEM, *history[start:], *new])
     assert result.new == 3
     assert _stored(store, session.id) == history + new
-    stored_ids = [r.store_id for r in store.get_messages(session.id, limit=10_000)]
+    stored_ids = [r.store_id for r in store.messages.get_range(session.id, limit=10_000)]
     assert result.store_ids == stored_ids[start:]  # every host message mapped to its own row
 
 
@@ -64,11 +66,11 @@ def test_nothing_is_lost_and_nothing_unique_is_stored_twice(sqlite_url, data):
                for c in data.draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=150), label="history")]
     start = data.draw(st.integers(0, len(history)), label="start")
     new = [{"role": "user", "content": f"unique {i}"} for i in range(data.draw(st.integers(0, 4), label="new"))]
-    session = store.get_or_create_session("agent-a", uuid.uuid4().hex)  # the file is shared by examples
-    store.append_messages(session.id, history)
+    session = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)  # the file is shared by examples
+    append_messages(store, session.id, history)
     transcript = history[start:] + new
     result = Ingestor(store).ingest(session.id, [SYSTEM, *transcript])
-    rows = {r.store_id: r.message for r in store.get_messages(session.id, limit=10_000)}
+    rows = {r.store_id: r.message for r in store.messages.get_range(session.id, limit=10_000)}
     assert [rows[sid] for sid in result.store_ids] == transcript
     assert len(history) <= len(rows) <= len(history) + len(new)
     assert all(m in rows.values() for m in new)  # unique content: stored, exactly once

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lcm import migrations
+from lcm.store import migrations
 
 from tests.conftest import REPO_ROOT
 
@@ -50,13 +50,15 @@ def test_installed_lcm_creates_and_upgrades_sqlite(installed, tmp_path):
     cur = run(installed, "lcm", "db", "current", "--url", url, "--json", cwd=tmp_path)
     assert '"status": "current"' in cur.stdout, cur.stdout + cur.stderr
     where = run(installed, "python", "-c",
-                "import lcm.migrations as m; print(m.script_location())", cwd=tmp_path)
+                "import lcm.store.migrations as m; print(m.script_location())", cwd=tmp_path)
     assert "site-packages/lcm/_migrations" in where.stdout
     use = run(installed, "python", "-c",
-              "from lcm.store import Store; s = Store.open(%r); "
-              "x = s.get_or_create_session('a', 'b'); "
-              "s.append_messages(x.id, [{'role': 'user', 'content': 'wheel works'}]); "
-              "print(s.search_messages('wheel', agent='a').hits[0].snippet)" % url, cwd=tmp_path)
+              "from lcm.store import Store; from lcm.prepare import prepare_messages; "
+              "from lcm.tokens import TokenCounter; s = Store.open(%r); "
+              "x = s.sessions.get_or_create('a', 'b'); "
+              "s.messages.append(x.id, prepare_messages([{'role': 'user', 'content': 'wheel works'}], "
+              "TokenCounter())); "
+              "print(s.search.messages('wheel', agent='a').hits[0].snippet)" % url, cwd=tmp_path)
     assert use.stdout.strip() == "**wheel** works", use.stderr
 
 

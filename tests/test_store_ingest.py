@@ -11,8 +11,11 @@ from sqlalchemy import func, select, text
 
 from lcm.errors import InvalidMessageError, NotFoundError
 from lcm.messages import PAYLOAD_MIN_CHARS
-from lcm.models import Message, Payload
+from lcm.tokens import TokenCounter
+from lcm.store.schema import Message, Payload
 from lcm.store import Store
+
+from tests.support.storing import append_messages
 
 from tests.strategies import messages as message_strategy
 
@@ -35,39 +38,39 @@ def count_rows(store: Store, model) -> int:
 
 
 def test_append_stores_each_message_once_and_keeps_repeats(store, session):
-    first = store.append_messages(session.id, TURN)
+    first = append_messages(store, session.id, TURN)
     assert first.inserted == len(TURN) and first.skipped == 0
-    again = store.append_messages(session.id, TURN)
+    again = append_messages(store, session.id, TURN)
     assert again.inserted == 0 and again.store_ids == first.store_ids
     # three "ok" messages in a row are three rows
-    assert [m.message["content"] for m in store.get_messages(session.id)][-3:] == ["ok"] * 3
-    more = store.append_messages(session.id, TURN + [{"role": "user", "content": "ok"}])
+    assert [m.message["content"] for m in store.messages.get_range(session.id)][-3:] == ["ok"] * 3
+    more = append_messages(store, session.id, TURN + [{"role": "user", "content": "ok"}])
     assert more.inserted == 1 and more.new_flags[-1] is True
     assert count_rows(store, Message) == len(TURN) + 1
-    s = store.get_session(session.id)
+    s = store.sessions.get(session.id)
     assert (s.message_count, s.last_seq) == (len(TURN) + 1, len(TURN) + 1)
-    assert [m.seq for m in store.get_messages(session.id)] == list(range(1, len(TURN) + 2))
+    assert [m.seq for m in store.messages.get_range(session.id)] == list(range(1, len(TURN) + 2))
 
 
 def test_continuing_from_an_anchor_after_compaction(store, session):
-    first = store.append_messages(session.id, TURN)
+    first = append_messages(store, session.id, TURN)
     # the host now sends only the last two stored messages plus a new one, anchored at the
     # stored message before them (what the engine's alignment passes)
-    anchor = store.tail(session.id, 3)[0].identity
+    anchor = store.messages.tail(session.id, 3)[0].identity
     tail_and_new = TURN[-2:] + [{"role": "user", "content": "status?"}]
-    r = store.append_messages(session.id, tail_and_new, after_identity=anchor)
+    r = append_messages(store, session.id, tail_and_new, after_identity=anchor)
     assert r.new_flags == (False, False, True)
     assert r.store_ids[:2] == first.store_ids[-2:]
-    assert store.get_session(session.id).message_count == len(TURN) + 1
+    assert store.sessions.get(session.id).message_count == len(TURN) + 1
 
 
 def test_host_message_uid_is_the_identity(store, session):
     a = {"role": "user", "content": "same", "message_uid": "u-1"}
     b = {"role": "user", "content": "same", "message_uid": "u-2"}
-    assert store.append_messages(session.id, [a, b]).inserted == 2
+    assert append_messages(store, session.id, [a, b]).inserted == 2
     # re-sent alone and out of context: still recognised by uid
-    assert store.append_messages(session.id, [b]).inserted == 0
-    assert store.append_messages(session.id, [a, a]).inserted == 0
+    assert append_messages(store, session.id, [b]).inserted == 0
+    assert append_messages(store, session.id, [a, a]).inserted == 0
 
 
 def test_messages_round_trip_exactly_including_nul_and_surrogates(store, session):
@@ -81,24 +84,24 @@ def test_messages_round_trip_exactly_including_nul_and_surrogates(store, session
                                               "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "user", "content": None, "_db_persisted": True},
     ]
-    ids = store.append_messages(session.id, nasty).store_ids
-    back = store.get_messages(session.id)
+    ids = append_messages(store, session.id, nasty).store_ids
+    back = store.messages.get_range(session.id)
     expected = [dict(m) for m in nasty]
     expected[-1].pop("_db_persisted")
     assert [b.message for b in back] == expected
     assert [list(b.message) for b in back] == [list(m) for m in expected]
     assert back[0].store_id == ids[0]
     # and the other words of a message with NUL and surrogates stay searchable
-    assert [h.id for h in store.search_messages("surrogate", agent="agent-a").hits] == [ids[0]]
+    assert [h.id for h in store.search.messages("surrogate", agent="agent-a").hits] == [ids[0]]
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(batch=st.lists(message_strategy(), min_size=1, max_size=6))
 def test_arbitrary_messages_round_trip(store, session, batch):
-    before = store.get_session(session.id).last_seq
-    result = store.append_messages(session.id, batch, after_identity=f"batch-{before}")
-    stored = store.get_messages(session.id, first_seq=before + 1)
+    before = store.sessions.get(session.id).last_seq
+    result = append_messages(store, session.id, batch, after_identity=f"batch-{before}")
+    stored = store.messages.get_range(session.id, first_seq=before + 1)
     kept = [m for m, new in zip(batch, result.new_flags, strict=True) if new]
     assert [json.dumps(s.message, ensure_ascii=True) for s in stored] == [
         json.dumps(m, ensure_ascii=True) for m in kept]
@@ -109,7 +112,7 @@ def test_large_payload_is_stored_once_and_indexed_only_in_part(store, session):
     assert len(big) > 50 * PAYLOAD_MIN_CHARS
     msgs = [{"role": "tool", "tool_call_id": "c1", "content": big},
             {"role": "tool", "tool_call_id": "c2", "content": big}]
-    ids = store.append_messages(session.id, msgs).store_ids
+    ids = append_messages(store, session.id, msgs).store_ids
     assert count_rows(store, Payload) == 1  # same body twice: one payload row
     with store.engine.connect() as conn:
         stored = conn.execute(select(func.sum(func.length(Payload.data)))).scalar_one()
@@ -117,17 +120,17 @@ def test_large_payload_is_stored_once_and_indexed_only_in_part(store, session):
         inline = conn.execute(select(func.count()).where(Message.content.is_not(None))).scalar_one()
     assert stored < len(big) / 10  # compressed
     assert search_chars < 140_000 and inline == 0
-    back = store.get_messages(session.id)
+    back = store.messages.get_range(session.id)
     assert [b.message for b in back] == msgs
-    assert {h.id for h in store.search_messages("headword", agent="agent-a").hits} == set(ids)
-    assert {h.id for h in store.search_messages("tailword", agent="agent-a").hits} == set(ids)
+    assert {h.id for h in store.search.messages("headword", agent="agent-a").hits} == set(ids)
+    assert {h.id for h in store.search.messages("tailword", agent="agent-a").hits} == set(ids)
 
 
 def test_invalid_messages_write_nothing(store, session):
     good = {"role": "user", "content": "fine"}
     with pytest.raises(InvalidMessageError):
-        store.append_messages(session.id, [good, {"content": "no role"}])
-    assert store.get_session(session.id).message_count == 0
+        append_messages(store, session.id, [good, {"content": "no role"}])
+    assert store.sessions.get(session.id).message_count == 0
 
 
 def test_a_value_json_cannot_hold_is_stored_as_well_as_it_can_be(store, session):
@@ -136,74 +139,74 @@ def test_a_value_json_cannot_hold_is_stored_as_well_as_it_can_be(store, session)
 
     odd = {"role": "user", "content": {1, 2}, "when": dt.datetime(2026, 1, 2, 3, 4, 5),
            "blob": b"\x00\xff", 7: "int key"}
-    result = store.append_messages(session.id, [{"role": "user", "content": "fine"}, odd])
+    result = append_messages(store, session.id, [{"role": "user", "content": "fine"}, odd])
     assert result.inserted == 2
-    [_, back] = store.get_messages(session.id)
+    [_, back] = store.messages.get_range(session.id)
     assert back.message == {"role": "user", "content": [1, 2], "when": "2026-01-02T03:04:05",
                             "blob": "AP8=", "7": "int key"}
     assert any("set stored as list" in p for p in back.problem)
     assert back.to_item()["stored_with_changes"] == list(back.problem)
     # The same odd message sent again is recognised: nothing new.
-    again = store.append_messages(session.id, [{"role": "user", "content": "fine"}, odd])
+    again = append_messages(store, session.id, [{"role": "user", "content": "fine"}, odd])
     assert again.inserted == 0
 
 
 def test_unknown_session_is_not_found(store):
     with pytest.raises(NotFoundError):
-        store.append_messages(987654, [{"role": "user", "content": "x"}])
+        append_messages(store, 987654, [{"role": "user", "content": "x"}])
 
 
 def test_sessions_are_scoped_by_agent(store):
-    a = store.get_or_create_session("agent-a", "shared-key")
-    b = store.get_or_create_session("agent-b", "shared-key")
+    a = store.sessions.get_or_create("agent-a", "shared-key")
+    b = store.sessions.get_or_create("agent-b", "shared-key")
     assert a.id != b.id and a.agent == "agent-a" and b.agent == "agent-b"
-    assert store.get_or_create_session("agent-a", "shared-key").id == a.id
-    store.append_messages(a.id, [{"role": "user", "content": "secret alpha"}])
-    assert store.search_messages("alpha", agent="agent-b").hits == []
-    [mine] = store.get_messages(a.id)
-    assert store.get_message(mine.store_id, agent="agent-b") is None
-    assert store.get_message(mine.store_id, agent="agent-a").message["content"] == "secret alpha"
+    assert store.sessions.get_or_create("agent-a", "shared-key").id == a.id
+    append_messages(store, a.id, [{"role": "user", "content": "secret alpha"}])
+    assert store.search.messages("alpha", agent="agent-b").hits == []
+    [mine] = store.messages.get_range(a.id)
+    assert store.messages.get(mine.store_id, agent="agent-b") is None
+    assert store.messages.get(mine.store_id, agent="agent-a").message["content"] == "secret alpha"
     with pytest.raises(NotFoundError):
-        store.get_session(a.id, agent="agent-b")
-    assert [s.session_key for s in store.list_sessions("agent-a")] == ["shared-key"]
+        store.sessions.get(a.id, agent="agent-b")
+    assert [s.session_key for s in store.sessions.list("agent-a")] == ["shared-key"]
 
 
 def test_session_details_fill_in_but_never_change(store):
-    s = store.get_or_create_session("agent-a", "k")
+    s = store.sessions.get_or_create("agent-a", "k")
     assert s.platform is None
-    s = store.get_or_create_session("agent-a", "k", platform="telegram", conversation_id="chat-9")
+    s = store.sessions.get_or_create("agent-a", "k", platform="telegram", conversation_id="chat-9")
     assert (s.platform, s.conversation_id) == ("telegram", "chat-9")
-    s = store.get_or_create_session("agent-a", "k", platform="cli")
+    s = store.sessions.get_or_create("agent-a", "k", platform="cli")
     assert s.platform == "telegram"
 
 
 @pytest.mark.parametrize("bad", ["", "x" * 300, "nul\x00", 5])
 def test_bad_session_keys_are_refused(store, bad):
     with pytest.raises(ValueError):
-        store.get_or_create_session("agent-a", bad)
+        store.sessions.get_or_create("agent-a", bad)
 
 
 def test_paging_reproduces_the_session(store, session):
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(25)]
-    store.append_messages(session.id, msgs)
+    append_messages(store, session.id, msgs)
     seen, cursor = [], None
     while True:
-        page, cursor = store.page_messages(session.id, after_store_id=cursor, limit=7)
+        page, cursor = store.messages.page(session.id, after_store_id=cursor, limit=7)
         seen.extend(r.message for r in page)
         if cursor is None:
             break
     assert seen == msgs
-    users, _ = store.page_messages(session.id, roles=["user"], limit=100)
+    users, _ = store.messages.page(session.id, roles=["user"], limit=100)
     assert [r.message["content"] for r in users] == [f"m{i}" for i in range(0, 25, 2)]
-    tail = store.tail(session.id, 3)
+    tail = store.messages.tail(session.id, 3)
     assert [t.seq for t in tail] == [23, 24, 25]
 
 
 def test_token_counts_are_stored_once_per_message(store, session):
-    store.append_messages(session.id, [{"role": "user", "content": "hello world " * 10}])
-    [m] = store.get_messages(session.id)
-    assert m.token_count == store.tokens.count_message_text("hello world " * 10) > 10
-    assert store.get_session(session.id).token_count == m.token_count
+    append_messages(store, session.id, [{"role": "user", "content": "hello world " * 10}])
+    [m] = store.messages.get_range(session.id)
+    assert m.token_count == TokenCounter().count_message_text("hello world " * 10) > 10
+    assert store.sessions.get(session.id).token_count == m.token_count
 
 
 def test_sqlite_file_runs_in_wal_mode_with_foreign_keys(sqlite_url):

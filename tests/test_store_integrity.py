@@ -8,20 +8,22 @@ from sqlalchemy import text
 from lcm.records import NewSummary
 from lcm.store import Store
 
+from tests.support.storing import append_messages
+
 from tests.faults import corrupt_index_entry, drop_from_index
 
 
 def statuses(store: Store, deep: bool = False) -> dict[str, str]:
-    return {c.name: c.status for c in store.integrity_checks(deep=deep)}
+    return {c.name: c.status for c in store.health.checks(deep=deep)}
 
 
 @pytest.fixture
 def populated(store, session):
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"row {i} quasar{i}"}
             for i in range(30)]
-    ids = store.append_messages(session.id, msgs).store_ids
-    leaf = store.write_summary(session.id, NewSummary(
-        depth=0, content="summary of rows", token_count=3, source_ids=tuple(ids[:10]), kind="extractive"))
+    ids = append_messages(store, session.id, msgs).store_ids
+    leaf = store.summaries.write(session.id, NewSummary(
+        depth=0, content="summary of rows", token_count=3, source_ids=tuple(ids[:10]), kind="extractive")).node
     return session, list(ids), leaf
 
 
@@ -36,12 +38,12 @@ def test_populated_database_is_healthy(store, populated):
 def test_a_row_missing_from_the_index_is_found_and_repaired(store, populated):
     session, ids, _ = populated
     drop_from_index(store, ids[3])
-    assert store.search_messages("quasar3", agent="agent-a").hits == []
+    assert store.search.messages("quasar3", agent="agent-a").hits == []
     assert statuses(store)["search_index_messages"] == "fail"
     assert statuses(store, deep=True)["search_index_messages"] == "fail"
-    counts = store.rebuild_search_index()
+    counts = store.health.rebuild_index()
     assert counts["messages"] == 30 and counts["summaries"] == 1
-    assert [h.id for h in store.search_messages("quasar3", agent="agent-a").hits] == [ids[3]]
+    assert [h.id for h in store.search.messages("quasar3", agent="agent-a").hits] == [ids[3]]
     assert set(statuses(store, deep=True).values()) == {"ok"}
 
 
@@ -49,9 +51,9 @@ def test_a_stale_index_entry_is_found_by_the_deep_check(store, populated):
     session, ids, _ = populated
     corrupt_index_entry(store, ids[2])  # an old row: outside the quick check's sample
     assert statuses(store, deep=True)["search_index_messages"] == "fail"
-    store.rebuild_search_index()
+    store.health.rebuild_index()
     assert statuses(store, deep=True)["search_index_messages"] == "ok"
-    assert [h.id for h in store.search_messages("quasar2", agent="agent-a").hits] == [ids[2]]
+    assert [h.id for h in store.search.messages("quasar2", agent="agent-a").hits] == [ids[2]]
 
 
 def test_a_stale_recent_entry_is_found_by_the_quick_check(store, populated):
@@ -78,15 +80,15 @@ def test_a_removed_leaf_edge_is_found(store, populated):
 
 
 def test_a_summary_not_shorter_than_its_sources_is_a_warning(store, session):
-    ids = store.append_messages(session.id, [{"role": "user", "content": "hi"}]).store_ids
-    store.write_summary(session.id, NewSummary(depth=0, content="a much longer summary " * 20,
-                                               token_count=500, source_ids=tuple(ids), kind="x"))
+    ids = append_messages(store, session.id, [{"role": "user", "content": "hi"}]).store_ids
+    store.summaries.write(session.id, NewSummary(depth=0, content="a much longer summary " * 20,
+                                               token_count=500, source_ids=tuple(ids), kind="x")).node
     assert statuses(store)["summary_sizes"] == "warn"
 
 
 def test_a_row_filed_under_another_agent_is_found(store, populated):
     session, ids, _ = populated
-    other = store.get_or_create_session("agent-b", "elsewhere")
+    other = store.sessions.get_or_create("agent-b", "elsewhere")
     with store.engine.begin() as conn:
         conn.execute(text("UPDATE lcm_messages SET agent_id = :a WHERE id = :i"),
                      {"a": other.agent_pk, "i": ids[0]})
@@ -98,11 +100,11 @@ def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
     says so. Repeated plain text ("ok", "ok") is not a duplicate."""
     from tests.workers import turn
 
-    first = store.append_messages(session.id, turn("w", 0) + turn("w", 1))
+    first = append_messages(store, session.id, turn("w", 0) + turn("w", 1))
     assert statuses(store)["duplicate_messages"] == "ok"
     # The pre-fix bug: turn 1 appended again after itself, chained to a different predecessor.
-    store.append_messages(session.id, turn("w", 1), after_identity=first.last_identity)
-    checks = {c.name: c for c in store.integrity_checks()}
+    append_messages(store, session.id, turn("w", 1), after_identity=first.last_identity)
+    checks = {c.name: c for c in store.health.checks()}
     assert checks["duplicate_messages"].status == "warn"
     assert f"session {session.id}: 1" in checks["duplicate_messages"].detail
 
@@ -113,30 +115,30 @@ def test_repair_removes_the_copies_and_keeps_the_store_consistent(store, session
     from tests.workers import turn
 
     expected = turn("w", 0) + turn("w", 1) + turn("w", 2) + turn("w", 3)
-    first = store.append_messages(session.id, turn("w", 0) + turn("w", 1))
-    again = store.append_messages(session.id, turn("w", 1), after_identity=first.last_identity)  # the bug
-    store.append_messages(session.id, turn("w", 2) + turn("w", 3), after_identity=again.last_identity)
-    assert len(store.get_messages(session.id)) == len(expected) + 4
-    [done] = store.remove_duplicate_runs()
+    first = append_messages(store, session.id, turn("w", 0) + turn("w", 1))
+    again = append_messages(store, session.id, turn("w", 1), after_identity=first.last_identity)  # the bug
+    append_messages(store, session.id, turn("w", 2) + turn("w", 3), after_identity=again.last_identity)
+    assert len(store.messages.get_range(session.id)) == len(expected) + 4
+    [done] = store.health.remove_duplicate_runs()
     assert done["removed"] == 4 and done["runs"] == [[9, 12]] and not done["left_alone"]
-    back = store.get_messages(session.id)
+    back = store.messages.get_range(session.id)
     assert [r.message for r in back] == expected
     assert [r.seq for r in back] == list(range(1, len(expected) + 1))
-    assert {c.name: c.status for c in store.integrity_checks(deep=True)} == {
-        c.name: "ok" for c in store.integrity_checks(deep=True)}
-    assert store.remove_duplicate_runs() == []
-    assert store.search_messages("tokenwx2", agent="agent-a").hits  # the index follows
+    assert {c.name: c.status for c in store.health.checks(deep=True)} == {
+        c.name: "ok" for c in store.health.checks(deep=True)}
+    assert store.health.remove_duplicate_runs() == []
+    assert store.search.messages("tokenwx2", agent="agent-a").hits  # the index follows
 
 
 def test_repair_leaves_a_summarized_copy_alone(store, session):
     from tests.workers import turn
 
-    first = store.append_messages(session.id, turn("w", 0))
-    again = store.append_messages(session.id, turn("w", 0), after_identity=first.last_identity)
-    store.append_messages(session.id, turn("w", 1), after_identity=again.last_identity)
-    ids = [r.store_id for r in store.get_messages(session.id)]
-    store.write_summary(session.id, NewSummary(depth=0, content="both copies", token_count=2,
-                                               source_ids=tuple(ids[:8]), kind="extractive"))
-    [done] = store.remove_duplicate_runs()
+    first = append_messages(store, session.id, turn("w", 0))
+    again = append_messages(store, session.id, turn("w", 0), after_identity=first.last_identity)
+    append_messages(store, session.id, turn("w", 1), after_identity=again.last_identity)
+    ids = [r.store_id for r in store.messages.get_range(session.id)]
+    store.summaries.write(session.id, NewSummary(depth=0, content="both copies", token_count=2,
+                                               source_ids=tuple(ids[:8]), kind="extractive")).node
+    [done] = store.health.remove_duplicate_runs()
     assert done["removed"] == 0 and "already summarized" in done["left_alone"][0]
-    assert len(store.get_messages(session.id)) == 12
+    assert len(store.messages.get_range(session.id)) == 12

@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lcm.errors import NotFoundError
-from lcm.store import MAX_SEARCH_LIMIT
+from lcm.store.search import MAX_SEARCH_LIMIT
+
+from tests.support.storing import append_messages
 
 CORPUS = [
     ("user", "Please open /etc/lcm/alembic.ini and check the sqlalchemy.url"),
@@ -73,14 +75,14 @@ HOSTILE = [
 @pytest.fixture
 def corpus(store, session):
     msgs = [{"role": role, "content": text} for role, text in CORPUS]
-    ids = store.append_messages(session.id, msgs).store_ids
+    ids = append_messages(store, session.id, msgs).store_ids
     return session, list(ids)
 
 
 @pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
 def test_parity_table(store, corpus, query, expected):
     session, ids = corpus
-    got = [h.id for h in store.search_messages(query, agent="agent-a", session_pk=session.id, limit=50).hits]
+    got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=session.id, limit=50).hits]
     assert got == [ids[i] for i in expected]
 
 
@@ -88,9 +90,9 @@ def test_parity_table(store, corpus, query, expected):
 def test_hostile_queries_never_raise(store, corpus, query):
     session, _ = corpus
     for sort in ("recency", "relevance", "hybrid"):
-        result = store.search_messages(query, agent="agent-a", session_pk=session.id, sort=sort)
+        result = store.search.messages(query, agent="agent-a", session_pk=session.id, sort=sort)
         assert isinstance(result.hits, list)
-        store.search_summaries(query, agent="agent-a", session_pk=session.id, sort=sort)
+        store.search.summaries(query, agent="agent-a", session_pk=session.id, sort=sort)
 
 
 @settings(max_examples=60, deadline=None,
@@ -98,12 +100,12 @@ def test_hostile_queries_never_raise(store, corpus, query):
 @given(query=st.text(max_size=60))
 def test_any_text_is_a_valid_query(store, corpus, query):
     session, _ = corpus
-    store.search_messages(query, agent="agent-a", session_pk=session.id, sort="relevance")
+    store.search.messages(query, agent="agent-a", session_pk=session.id, sort="relevance")
 
 
 def test_snippets_mark_the_match(store, corpus):
     session, _ = corpus
-    [hit] = store.search_messages("needle-7f3a9", agent="agent-a").hits
+    [hit] = store.search.messages("needle-7f3a9", agent="agent-a").hits
     assert "**NEEDLE**-**7F3A9**" in hit.snippet
     assert hit.role == "assistant" and hit.session_key == "session-1"
 
@@ -111,36 +113,36 @@ def test_snippets_mark_the_match(store, corpus):
 def test_role_time_and_platform_filters(store, session):
     msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
              "timestamp": 1_000 + i} for i in range(20)]
-    ids = store.append_messages(session.id, msgs).store_ids
-    users = store.search_messages("shared", agent="agent-a", roles=["user"], limit=50).hits
+    ids = append_messages(store, session.id, msgs).store_ids
+    users = store.search.messages("shared", agent="agent-a", roles=["user"], limit=50).hits
     assert [h.id for h in users] == [ids[i] for i in range(19, 0, -2)]
-    window = store.search_messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
+    window = store.search.messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
     assert [h.id for h in window] == [ids[i] for i in range(9, 4, -1)]
-    both = store.search_messages("shared", agent="agent-a", roles=["assistant"], time_from=1_010, limit=50)
+    both = store.search.messages("shared", agent="agent-a", roles=["assistant"], time_from=1_010, limit=50)
     assert [h.id for h in both.hits] == [ids[i] for i in range(18, 9, -2)]
-    assert store.search_messages("shared", agent="agent-a", platform="cli").hits
-    assert store.search_messages("shared", agent="agent-a", platform="telegram").hits == []
+    assert store.search.messages("shared", agent="agent-a", platform="cli").hits
+    assert store.search.messages("shared", agent="agent-a", platform="telegram").hits == []
 
 
 def test_scope_current_session_versus_all_sessions(store, session):
-    other = store.get_or_create_session("agent-a", "session-2", platform="telegram")
-    a = store.append_messages(session.id, [{"role": "user", "content": "zebra one"}]).store_ids
-    b = store.append_messages(other.id, [{"role": "user", "content": "zebra two"}]).store_ids
-    assert [h.id for h in store.search_messages("zebra", agent="agent-a", session_pk=session.id).hits] == list(a)
-    assert [h.id for h in store.search_messages("zebra", agent="agent-a").hits] == [b[0], a[0]]
-    assert [h.session_key for h in store.search_messages("zebra", agent="agent-a").hits] == ["session-2", "session-1"]
+    other = store.sessions.get_or_create("agent-a", "session-2", platform="telegram")
+    a = append_messages(store, session.id, [{"role": "user", "content": "zebra one"}]).store_ids
+    b = append_messages(store, other.id, [{"role": "user", "content": "zebra two"}]).store_ids
+    assert [h.id for h in store.search.messages("zebra", agent="agent-a", session_pk=session.id).hits] == list(a)
+    assert [h.id for h in store.search.messages("zebra", agent="agent-a").hits] == [b[0], a[0]]
+    assert [h.session_key for h in store.search.messages("zebra", agent="agent-a").hits] == ["session-2", "session-1"]
 
 
 def test_agents_never_see_each_other(store):
-    mine = store.get_or_create_session("agent-a", "s")
-    theirs = store.get_or_create_session("agent-b", "s")
-    store.append_messages(mine.id, [{"role": "user", "content": "platypus mine"}])
-    store.append_messages(theirs.id, [{"role": "user", "content": "platypus theirs"}])
-    hits = store.search_messages("platypus", agent="agent-a", limit=200).hits
+    mine = store.sessions.get_or_create("agent-a", "s")
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, mine.id, [{"role": "user", "content": "platypus mine"}])
+    append_messages(store, theirs.id, [{"role": "user", "content": "platypus theirs"}])
+    hits = store.search.messages("platypus", agent="agent-a", limit=200).hits
     assert [h.snippet for h in hits] == ["**platypus** mine"]
     with pytest.raises(NotFoundError):  # another agent's session id, guessed
-        store.search_messages("platypus", agent="agent-a", session_pk=theirs.id)
-    assert store.search_messages("platypus", agent="nobody").hits == []
+        store.search.messages("platypus", agent="agent-a", session_pk=theirs.id)
+    assert store.search.messages("platypus", agent="nobody").hits == []
 
 
 def test_sorts(store, session):
@@ -149,16 +151,16 @@ def test_sorts(store, session):
         {"role": "user", "content": "kiwi kiwi kiwi kiwi kiwi banana"},
         {"role": "user", "content": "apple with one kiwi among many other words here " * 3},
     ]
-    ids = store.append_messages(session.id, msgs).store_ids
-    recency = [h.id for h in store.search_messages("kiwi", agent="agent-a").hits]
+    ids = append_messages(store, session.id, msgs).store_ids
+    recency = [h.id for h in store.search.messages("kiwi", agent="agent-a").hits]
     assert recency == [ids[2], ids[1], ids[0]]
-    relevance = store.search_messages("kiwi", agent="agent-a", sort="relevance").hits
+    relevance = store.search.messages("kiwi", agent="agent-a", sort="relevance").hits
     # BM25 over the window (SQLite) and ts_rank_cd (PostgreSQL) order the weaker matches differently; both put
     # the document dense with the term first and give every hit a score.
     assert relevance[0].id == ids[1] and sorted(h.id for h in relevance) == sorted(ids)
     assert all(h.score is not None for h in relevance)
     assert [h.score for h in relevance] == sorted((h.score for h in relevance), reverse=True)
-    hybrid = [h.id for h in store.search_messages("kiwi", agent="agent-a", sort="hybrid").hits]
+    hybrid = [h.id for h in store.search.messages("kiwi", agent="agent-a", sort="hybrid").hits]
     assert sorted(hybrid) == sorted(ids)
 
 
@@ -168,22 +170,22 @@ def test_sorts(store, session):
 ])
 def test_bad_search_arguments(store, session, kwargs):
     with pytest.raises(ValueError):
-        store.search_messages("x", agent="agent-a", **kwargs)
+        store.search.messages("x", agent="agent-a", **kwargs)
 
 
 def test_limit_is_honoured_and_recency_is_exact_at_scale(store, session):
     msgs = [{"role": "user", "content": f"common word number {i}"} for i in range(500)]
-    ids = store.append_messages(session.id, msgs).store_ids
-    hits = store.search_messages("common", agent="agent-a", limit=MAX_SEARCH_LIMIT).hits
+    ids = append_messages(store, session.id, msgs).store_ids
+    hits = store.search.messages("common", agent="agent-a", limit=MAX_SEARCH_LIMIT).hits
     assert [h.id for h in hits] == list(reversed(ids))[:MAX_SEARCH_LIMIT]
-    assert [h.id for h in store.search_messages("number 137", agent="agent-a").hits] == [ids[137]]
+    assert [h.id for h in store.search.messages("number 137", agent="agent-a").hits] == [ids[137]]
 
 
 @pytest.fixture
 def tiny_windows(monkeypatch):
     """Shrink PostgreSQL's probe window so its GIN phase runs on small data (SQLite's
     streaming FTS5 search has no phases; these tests then repeat the SQLite results)."""
-    import lcm.backends.postgres as pg
+    import lcm.store.backends.postgres as pg
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 2)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 10**9)
@@ -194,12 +196,12 @@ def tiny_windows(monkeypatch):
 def gin_direct(store, monkeypatch):
     """Statistics collected and every query rare enough for PostgreSQL's phase 0 (the GIN index
     at once); SQLite has no phases and repeats its results."""
-    import lcm.backends.postgres as pg
+    import lcm.store.backends.postgres as pg
 
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", 10**9)
 
     def analyzed() -> None:
-        store.optimize()
+        store.health.optimize()
         if store.backend.name == "postgresql":
             with store.engine.connect() as conn:
                 assert store.backend._lexeme_stats(conn, "lcm_messages") is not None
@@ -211,9 +213,9 @@ def gin_direct(store, monkeypatch):
 def test_parity_table_through_the_index_phase(store, corpus, tiny_windows, query, expected):
     session, ids = corpus
     for scope in (session.id, None):
-        got = [h.id for h in store.search_messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
+        got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
         assert got == [ids[i] for i in expected]
-        ranked = store.search_messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
+        ranked = store.search.messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
         assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
 
 
@@ -222,74 +224,74 @@ def test_parity_table_through_the_direct_index_phase(store, corpus, gin_direct, 
     session, ids = corpus
     gin_direct()
     for scope in (session.id, None):
-        got = [h.id for h in store.search_messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
+        got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
         assert got == [ids[i] for i in expected]
-        ranked = store.search_messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
+        ranked = store.search.messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
         assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
 
 
 def test_filters_and_limits_through_the_direct_index_phase(store, session, gin_direct):
     msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
              "timestamp": 1_000 + i} for i in range(20)]
-    ids = store.append_messages(session.id, msgs).store_ids
+    ids = append_messages(store, session.id, msgs).store_ids
     gin_direct()
-    window = store.search_messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
+    window = store.search.messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
     assert [h.id for h in window] == [ids[i] for i in range(9, 4, -1)]
-    users = store.search_messages("shared", agent="agent-a", roles=["user"], time_to=1_006, limit=50).hits
+    users = store.search.messages("shared", agent="agent-a", roles=["user"], time_to=1_006, limit=50).hits
     assert [h.id for h in users] == [ids[i] for i in (5, 3, 1)]
-    newest = store.search_messages("shared", agent="agent-a", limit=3)
+    newest = store.search.messages("shared", agent="agent-a", limit=3)
     assert [h.id for h in newest.hits] == [ids[19], ids[18], ids[17]]
-    assert store.search_messages("item7", agent="agent-a", session_pk=session.id).hits[0].id == ids[7]
+    assert store.search.messages("item7", agent="agent-a", session_pk=session.id).hits[0].id == ids[7]
 
 
 def test_filters_through_the_index_phase(store, session, tiny_windows):
     msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
              "timestamp": 1_000 + i} for i in range(20)]
-    ids = store.append_messages(session.id, msgs).store_ids
-    window = store.search_messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
+    ids = append_messages(store, session.id, msgs).store_ids
+    window = store.search.messages("shared", agent="agent-a", time_from=1_005, time_to=1_009, limit=50).hits
     assert [h.id for h in window] == [ids[i] for i in range(9, 4, -1)]
-    users = store.search_messages("shared", agent="agent-a", roles=["user"], time_to=1_006, limit=50).hits
+    users = store.search.messages("shared", agent="agent-a", roles=["user"], time_to=1_006, limit=50).hits
     assert [h.id for h in users] == [ids[i] for i in (5, 3, 1)]
 
 
 @pytest.mark.postgres
 def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, monkeypatch):
-    import lcm.backends.postgres as pg
+    import lcm.store.backends.postgres as pg
     from lcm.store import Store
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 10)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 5)
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", -1)
     store = Store.open(pg_url, upgrade=True)
-    s = store.get_or_create_session("agent-a", "s")
-    store.append_messages(s.id, [{"role": "user", "content": f"common {i}"} for i in range(100)])
-    ranked = store.search_messages("common", agent="agent-a", sort="relevance", limit=50)
+    s = store.sessions.get_or_create("agent-a", "s")
+    append_messages(store, s.id, [{"role": "user", "content": f"common {i}"} for i in range(100)])
+    ranked = store.search.messages("common", agent="agent-a", sort="relevance", limit=50)
     assert ranked.candidates_clamped and len(ranked.hits) == 10
-    recency = store.search_messages("common", agent="agent-a", limit=50)
+    recency = store.search.messages("common", agent="agent-a", limit=50)
     assert len(recency.hits) == 50 and not recency.candidates_clamped
-    assert store.search_messages("42", agent="agent-a").hits[0].snippet == "common **42**"
+    assert store.search.messages("42", agent="agent-a").hits[0].snippet == "common **42**"
 
 
 def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_windows):
     """Regression: the agent-wide window must be the newest rows by store order, not by seq."""
-    sessions = [store.get_or_create_session("agent-a", f"s{i}") for i in range(3)]
+    sessions = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(3)]
     for round_ in range(4):
         for i, s in enumerate(sessions):
-            store.append_messages(s.id, [{"role": "user", "content": f"r{round_} s{i} filler"}],
+            append_messages(store, s.id, [{"role": "user", "content": f"r{round_} s{i} filler"}],
                                   after_identity=f"{round_}")
-    old = store.append_messages(sessions[0].id, [{"role": "user", "content": "ancient marker"}],
+    old = append_messages(store, sessions[0].id, [{"role": "user", "content": "ancient marker"}],
                                 after_identity="x").store_ids[0]
     for s in sessions[1:]:
-        store.append_messages(s.id, [{"role": "user", "content": f"late {s.id}"} for _ in range(5)],
+        append_messages(store, s.id, [{"role": "user", "content": f"late {s.id}"} for _ in range(5)],
                               after_identity="y")
-    assert [h.id for h in store.search_messages("ancient", agent="agent-a").hits] == [old]
-    assert len(store.search_messages("filler", agent="agent-a", limit=50).hits) == 12
+    assert [h.id for h in store.search.messages("ancient", agent="agent-a").hits] == [old]
+    assert len(store.search.messages("filler", agent="agent-a", limit=50).hits) == 12
 
 
 def test_lexeme_statistics_estimate_matches():
     """PostgreSQL's phase-0 decision: a phrase is as rare as its rarest word, an OR group adds
     up, AND groups multiply, a prefix is unknown."""
-    from lcm.backends.postgres import LexemeStats, _estimated_matches
+    from lcm.store.backends.postgres import LexemeStats, _estimated_matches
     from lcm.textindex import parse_query
 
     stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02, "§a1": 0.5, "§s7": 0.01},

@@ -6,9 +6,11 @@ import pytest
 from sqlalchemy import func, select
 
 from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError
-from lcm.models import Summary, SummarySource
+from lcm.store.schema import Summary, SummarySource
 from lcm.records import NewSummary
 from lcm.store import Store
+
+from tests.support.storing import append_messages
 
 
 def leaf(ids, text="leaf summary", tokens=3):
@@ -26,12 +28,12 @@ def filled(store: Store, session):
     msgs = [{"role": "user" if i % 2 == 0 else "assistant",
              "content": f"message number {i} about topic{i}", "timestamp": 1_700_000_000 + i}
             for i in range(40)]
-    ids = store.append_messages(session.id, msgs).store_ids
+    ids = append_messages(store, session.id, msgs).store_ids
     return session, list(ids)
 
 
 def status_ok(store):
-    checks = {c.name: c for c in store.integrity_checks(deep=True)}
+    checks = {c.name: c for c in store.health.checks(deep=True)}
     bad = [c for c in checks.values() if c.status != "ok"]
     assert not bad, bad
     return checks
@@ -39,15 +41,15 @@ def status_ok(store):
 
 def test_leaves_cover_the_oldest_raw_messages_in_order(store, filled):
     session, ids = filled
-    l1 = store.write_summary(session.id, leaf(ids[:10]))
+    l1 = store.summaries.write(session.id, leaf(ids[:10])).node
     assert (l1.depth, l1.first_seq, l1.last_seq, l1.source_count) == (0, 1, 10, 10)
     assert l1.earliest_at == 1_700_000_000 and l1.latest_at == 1_700_000_009
-    assert l1.source_token_count == sum(m.token_count for m in store.get_messages(session.id, last_seq=10))
-    region = store.raw_region(session.id)
-    assert (region.first_seq, region.last_seq, region.count) == (11, 40, 30)
-    assert region.tokens == store.get_session(session.id).token_count - l1.source_token_count
-    l2 = store.write_summary(session.id, leaf(ids[10:20]))
-    assert store.summary_source_ids(l2.id) == ids[10:20]
+    assert l1.source_token_count == sum(m.token_count for m in store.messages.get_range(session.id, last_seq=10))
+    after = store.sessions.get(session.id)
+    assert (after.covered_seq + 1, after.last_seq) == (11, 40)
+    assert after.raw_tokens == after.token_count - l1.source_token_count
+    l2 = store.summaries.write(session.id, leaf(ids[10:20])).node
+    assert store.summaries.source_ids(l2.id) == ids[10:20]
     status_ok(store)
 
 
@@ -60,79 +62,79 @@ def test_leaves_cover_the_oldest_raw_messages_in_order(store, filled):
 def test_invalid_leaves_are_refused_and_write_nothing(store, filled, pick, reason):
     session, ids = filled
     with pytest.raises(IntegrityViolation):
-        store.write_summary(session.id, leaf(pick(ids)))
+        store.summaries.write(session.id, leaf(pick(ids))).node
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Summary)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(SummarySource)).scalar_one() == 0
-    assert store.get_session(session.id).covered_seq == 0
+    assert store.sessions.get(session.id).covered_seq == 0
 
 
 def test_a_message_is_never_in_two_leaves(store, filled):
     session, ids = filled
-    store.write_summary(session.id, leaf(ids[:5]))
+    store.summaries.write(session.id, leaf(ids[:5])).node
     with pytest.raises(IntegrityViolation):
-        store.write_summary(session.id, leaf(ids[3:8]))
+        store.summaries.write(session.id, leaf(ids[3:8])).node
 
 
 def test_messages_of_another_session_cannot_be_summarized(store, filled):
     session, ids = filled
-    other = store.get_or_create_session("agent-a", "other")
+    other = store.sessions.get_or_create("agent-a", "other")
     with pytest.raises(IntegrityViolation):
-        store.write_summary(other.id, leaf(ids[:3]))
+        store.summaries.write(other.id, leaf(ids[:3])).node
 
 
 def test_condensation_builds_depth_plus_one_over_consecutive_nodes(store, filled):
     session, ids = filled
-    leaves = [store.write_summary(session.id, leaf(ids[i:i + 5], f"leaf {i}")) for i in range(0, 40, 5)]
+    leaves = [store.summaries.write(session.id, leaf(ids[i:i + 5], f"leaf {i}")).node for i in range(0, 40, 5)]
     with pytest.raises(IntegrityViolation):  # not consecutive
-        store.write_summary(session.id, node(1, [leaves[0].id, leaves[2].id]))
+        store.summaries.write(session.id, node(1, [leaves[0].id, leaves[2].id])).node
     with pytest.raises(IntegrityViolation):  # wrong depth
-        store.write_summary(session.id, node(2, [leaves[0].id, leaves[1].id]))
-    c1 = store.write_summary(session.id, node(1, [l.id for l in leaves[:4]], "first half"))
+        store.summaries.write(session.id, node(2, [leaves[0].id, leaves[1].id])).node
+    c1 = store.summaries.write(session.id, node(1, [l.id for l in leaves[:4]], "first half")).node
     assert (c1.first_seq, c1.last_seq, c1.source_count) == (1, 20, 4)
     assert c1.source_token_count == sum(l.token_count for l in leaves[:4])
     assert c1.meta == {"level": "normal"} and c1.model == "test-model"
     with pytest.raises(IntegrityViolation):  # already condensed
-        store.write_summary(session.id, node(1, [leaves[3].id, leaves[4].id]))
-    c2 = store.write_summary(session.id, node(1, [l.id for l in leaves[4:]], "second half"))
-    top = store.write_summary(session.id, node(2, [c1.id, c2.id], "everything"))
-    assert store.get_summary(leaves[0].id).parent_id == c1.id
-    assert [s.id for s in store.uncondensed_summaries(session.id)] == [top.id]
-    stats = {d.depth: (d.count, d.uncondensed) for d in store.depth_stats(session.id)}
+        store.summaries.write(session.id, node(1, [leaves[3].id, leaves[4].id])).node
+    c2 = store.summaries.write(session.id, node(1, [l.id for l in leaves[4:]], "second half")).node
+    top = store.summaries.write(session.id, node(2, [c1.id, c2.id], "everything")).node
+    assert store.summaries.get(leaves[0].id).parent_id == c1.id
+    assert [s.id for s in store.summaries.uncondensed(session.id)] == [top.id]
+    stats = {d.depth: (d.count, d.uncondensed) for d in store.summaries.depth_stats(session.id)}
     assert stats == {0: (8, 0), 1: (2, 0), 2: (1, 1)}
     status_ok(store)
 
 
 def test_expansion_reproduces_sources_in_order(store, filled):
     session, ids = filled
-    l1 = store.write_summary(session.id, leaf(ids[:10]))
-    l2 = store.write_summary(session.id, leaf(ids[10:20]))
-    top = store.write_summary(session.id, node(1, [l1.id, l2.id]))
-    msgs, total = store.expand_summary(l1.id, offset=3, limit=4)
+    l1 = store.summaries.write(session.id, leaf(ids[:10])).node
+    l2 = store.summaries.write(session.id, leaf(ids[10:20])).node
+    top = store.summaries.write(session.id, node(1, [l1.id, l2.id])).node
+    msgs, total = store.summaries.expand(l1.id, offset=3, limit=4)
     assert total == 10 and [m.store_id for m in msgs] == ids[3:7]
-    assert [m.message for m in msgs] == [m.message for m in store.get_messages(session.id, first_seq=4, last_seq=7)]
-    kids, total = store.expand_summary(top.id)
+    assert [m.message for m in msgs] == [m.message for m in store.messages.get_range(session.id, first_seq=4, last_seq=7)]
+    kids, total = store.summaries.expand(top.id)
     assert total == 2 and [k.id for k in kids] == [l1.id, l2.id]
     with pytest.raises(NotFoundError):
-        store.expand_summary(10**9)
+        store.summaries.expand(10**9)
 
 
 def test_summary_scope_follows_the_agent(store, filled):
     session, ids = filled
-    l1 = store.write_summary(session.id, leaf(ids[:4], "the quokka decision"))
-    assert store.get_summary(l1.id, agent="agent-a").id == l1.id
-    assert store.get_summary(l1.id, agent="agent-b") is None
-    assert [h.id for h in store.search_summaries("quokka", agent="agent-a", session_pk=session.id).hits] == [l1.id]
-    assert store.search_summaries("quokka", agent="agent-b").hits == []
+    l1 = store.summaries.write(session.id, leaf(ids[:4], "the quokka decision")).node
+    assert store.summaries.get(l1.id, agent="agent-a").id == l1.id
+    assert store.summaries.get(l1.id, agent="agent-b") is None
+    assert [h.id for h in store.search.summaries("quokka", agent="agent-a", session_pk=session.id).hits] == [l1.id]
+    assert store.search.summaries("quokka", agent="agent-b").hits == []
 
 
 def test_concurrent_compaction_of_the_same_run_is_detected(store, filled):
     """Two engines that planned the same leaf: the second gets a clear error, not a duplicate."""
     session, ids = filled
-    store.write_summary(session.id, leaf(ids[:5]))
+    store.summaries.write(session.id, leaf(ids[:5])).node
     with pytest.raises(IntegrityViolation):
-        store.write_summary(session.id, leaf(ids[:5]))
-    assert len(store.summaries(session.id)) == 1
+        store.summaries.write(session.id, leaf(ids[:5])).node
+    assert len(store.summaries.list(session.id)) == 1
 
 
 def test_crash_between_summary_and_edges_leaves_neither(store, filled):
@@ -142,13 +144,13 @@ def test_crash_between_summary_and_edges_leaves_neither(store, filled):
         if step == "summary_inserted":
             raise RuntimeError("simulated crash")
 
-    store._on_write_step = boom
+    store.fault_hook = boom
     with pytest.raises(RuntimeError):
-        store.write_summary(session.id, leaf(ids[:5]))
-    store._on_write_step = None
-    assert store.summaries(session.id) == []
-    assert store.get_session(session.id).covered_seq == 0
-    assert store.search_summaries("leaf", agent="agent-a").hits == []
+        store.summaries.write(session.id, leaf(ids[:5])).node
+    store.fault_hook = None
+    assert store.summaries.list(session.id) == []
+    assert store.sessions.get(session.id).covered_seq == 0
+    assert store.search.summaries("leaf", agent="agent-a").hits == []
     status_ok(store)
 
 
@@ -158,7 +160,7 @@ def test_bad_summary_arguments(store, filled):
                 NewSummary(depth=-1, content="x", token_count=1, source_ids=(ids[0],), kind="x"),
                 NewSummary(depth=0, content="  ", token_count=1, source_ids=(ids[0],), kind="x")):
         with pytest.raises(ValueError):
-            store.write_summary(session.id, bad)
+            store.summaries.write(session.id, bad).node
 
 
 def test_concurrent_update_error_is_an_integrity_violation():

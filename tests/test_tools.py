@@ -84,8 +84,8 @@ class Chat:
         return self.engine.store
 
     def stored(self, session_key: str = "s1") -> list[Any]:
-        session = self.store.find_session(self.engine.agent_id, session_key)
-        return self.store.get_messages(session.id)
+        session = self.store.sessions.find(self.engine.agent_id, session_key)
+        return self.store.messages.get_range(session.id)
 
     def store_id_of(self, predicate) -> int:
         return next(r.store_id for r in self.stored() if predicate(r.message))
@@ -193,7 +193,7 @@ def test_the_summary_dag_leads_back_to_every_message_exactly_once(chat):
     assert overview["session_id"] == "s1"
     tops = [n for depth in overview["depths"].values() for n in depth["nodes"] if n["condensed_into"] is None]
     assert tops and {k: d["count"] for k, d in overview["depths"].items()} == {
-        f"d{d.depth}": d.count for d in engine.store.depth_stats(engine.session.id)}
+        f"d{d.depth}": d.count for d in engine.store.summaries.depth_stats(engine.session.id)}
     reached = [item for node in tops for item in walk_sources(engine, node["node_id"])]
     reached.sort(key=lambda item: item["seq"])
     covered = [r for r in chat.stored() if r.seq <= engine.session.covered_seq]
@@ -462,7 +462,7 @@ def test_doctor_finds_a_broken_index_and_the_cli_repairs_it(chat, db_url, tmp_pa
     if engine.store.backend_name == "sqlite":
         backup = Path(result["repair"]["backup"])
         copy = Store.open(f"sqlite:///{backup}")
-        assert copy.stats()["messages"] == len(chat.sent)
+        assert copy.health.stats()["messages"] == len(chat.sent)
     else:
         assert result["repair"]["backup"] is None
     assert call(engine, "lcm_doctor")["overall"] == "healthy"
@@ -513,7 +513,7 @@ def test_expand_query_over_given_nodes(chat):
     res = call(engine, "lcm_expand_query", prompt="what happened first?", node_ids=[leaf])
     assert res["degraded"] is True and res["evidence"][0] == {
         "type": "summary", "node_id": leaf, "depth": 0,
-        "text": engine.store.get_summary(leaf).content}
+        "text": engine.store.summaries.get(leaf).content}
     sources = call(engine, "lcm_describe", node_id=leaf)["source_ids"]
     assert [e["store_id"] for e in res["evidence"][1:]] == sources
     missing = call(engine, "lcm_expand_query", prompt="x", node_ids=[leaf, 10**9])
@@ -610,9 +610,9 @@ def test_another_agents_ids_are_not_found_like_ids_that_do_not_exist(two_agents)
     alice, bob, chat = two_agents
     store = alice.store
     alice_ids = [r.store_id for r in chat.stored()]
-    alice_nodes = [n.id for d in range(3) for n in store.summaries(alice.session.id, depth=d, limit=500)]
+    alice_nodes = [n.id for d in range(3) for n in store.summaries.list(alice.session.id, depth=d, limit=500)]
     assert alice_nodes
-    bob_ids = {r.store_id for r in store.get_messages(bob.session.id)}
+    bob_ids = {r.store_id for r in store.messages.get_range(bob.session.id)}
     for store_id in alice_ids:
         assert store_id not in bob_ids
         res = call(bob, "lcm_expand", store_id=store_id)

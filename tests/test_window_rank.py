@@ -6,10 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcm.backends import window_rank
-from lcm.backends.window_rank import DF_SAMPLE, WindowRow, bm25_scores, estimate_doc_freq, idf
+from lcm.store.backends import window_rank
+from lcm.store.backends.window_rank import DF_SAMPLE, WindowRow, bm25_scores, estimate_doc_freq, idf
 from lcm.store import Store
 from lcm.textindex import parse_query
+
+from tests.support.storing import append_messages
 
 
 def test_doc_freq_is_exact_below_the_sample_and_a_density_estimate_above():
@@ -63,36 +65,36 @@ def test_sqlite_ranks_without_reading_whole_doclists(sqlite_url, monkeypatch):
     document-frequency sample stays bounded, and every candidate gets a score."""
     monkeypatch.setattr(window_rank, "DF_SAMPLE", 50)
     store = Store.open(sqlite_url, upgrade=True)
-    s = store.get_or_create_session("agent-a", "s1")
+    s = store.sessions.get_or_create("agent-a", "s1")
     msgs = [{"role": "user", "content": f"common filler number {i}"} for i in range(400)]
     msgs[100] = {"role": "user", "content": "zebra crossing seen once"}
     msgs[300] = {"role": "user", "content": "common common common in one row"}
-    ids = store.append_messages(s.id, msgs).store_ids
-    ranked = store.search_messages("common OR zebra", agent="agent-a", sort="relevance", limit=5).hits
+    ids = append_messages(store, s.id, msgs).store_ids
+    ranked = store.search.messages("common OR zebra", agent="agent-a", sort="relevance", limit=5).hits
     assert ranked[0].id == ids[100]  # the rare alternative
     assert ranked[1].id == ids[300]  # then the row dense with the common word
     assert all(h.score is not None and h.score > 0 for h in ranked)
-    single = store.search_messages("common", agent="agent-a", sort="relevance", limit=3).hits
+    single = store.search.messages("common", agent="agent-a", sort="relevance", limit=3).hits
     assert single[0].id == ids[300]
 
 
 def test_sqlite_keeps_fts5_bm25_for_queries_without_a_common_word(sqlite_url, monkeypatch):
     """A rare word's doclist is short, so FTS5's own bm25() ranks it (the window ranker, which
     reads each candidate's text, is for queries with a common word)."""
-    from lcm.backends.sqlite import SQLiteBackend
+    from lcm.store.backends.sqlite import SQLiteBackend
 
     store = Store.open(sqlite_url, upgrade=True)
-    s = store.get_or_create_session("agent-a", "s1")
+    s = store.sessions.get_or_create("agent-a", "s1")
     msgs = [{"role": "user", "content": f"filler number {i}"} for i in range(200)]
     msgs[10] = {"role": "user", "content": "zebra"}
     msgs[50] = {"role": "user", "content": "zebra zebra zebra stripes"}
     msgs[90] = {"role": "user", "content": "one zebra among a great many other words " * 4}
-    ids = store.append_messages(s.id, msgs).store_ids
+    ids = append_messages(store, s.id, msgs).store_ids
 
     def not_here(*args, **kwargs):
         raise AssertionError("the window ranker ran for a rare word")
 
     monkeypatch.setattr(SQLiteBackend, "_rank_window", staticmethod(not_here))
-    ranked = store.search_messages("zebra", agent="agent-a", sort="relevance").hits
+    ranked = store.search.messages("zebra", agent="agent-a", sort="relevance").hits
     assert ranked[0].id == ids[50] and {h.id for h in ranked} == {ids[10], ids[50], ids[90]}
     assert [h.score for h in ranked] == sorted((h.score for h in ranked), reverse=True)

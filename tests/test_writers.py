@@ -29,17 +29,17 @@ def engine_on(url: str) -> LcmEngine:
 
 
 def rows(store: Store, session_pk: int) -> list[dict]:
-    return [r.message for r in store.get_messages(session_pk, limit=100_000)]
+    return [r.message for r in store.messages.get_range(session_pk, limit=100_000)]
 
 
 def family(store: Store, agent: str, key: str) -> dict[str, list[dict]]:
     """Every session of the conversation ``key`` (the session and its forks, recursively)."""
     out: dict[str, list[dict]] = {}
-    todo = [store.find_session(agent, key)]
+    todo = [store.sessions.find(agent, key)]
     while todo:
         s = todo.pop()
         out[s.session_key] = rows(store, s.id)
-        todo.extend(store.forks(s.id))
+        todo.extend(store.sessions.forks(s.id))
     return out
 
 
@@ -115,8 +115,8 @@ def test_diverging_transcripts_become_a_fork_and_nothing_is_dropped(db_url):
     store = a.store
     stored = family(store, a.agent_id, "s")
     assert stored == {"s": ta[1:], "s/fork-1": tb[1 + len(prefix):]}
-    fork = store.find_session(a.agent_id, "s/fork-1")
-    parent = store.find_session(a.agent_id, "s")
+    fork = store.sessions.find(a.agent_id, "s/fork-1")
+    parent = store.sessions.find(a.agent_id, "s")
     assert fork.parent_id == parent.id and fork.fork_seq == len(prefix)
     assert b.session.id == fork.id and a.session.id == parent.id
     status = json.loads(b.handle_tool_call("lcm_status", {}))
@@ -142,7 +142,7 @@ def test_diverging_transcripts_become_a_fork_and_nothing_is_dropped(db_url):
 
 def test_a_host_behind_another_adds_nothing(db_url):
     store = Store.open(db_url, upgrade=True)
-    session = store.get_or_create_session("agent", "s")
+    session = store.sessions.get_or_create("agent", "s")
     turns = [m for i in range(5) for m in workers.turn("t", i)]
     Ingestor(store).ingest(session.id, [SYSTEM, *turns])
     result = Ingestor(store).ingest(session.id, [SYSTEM, *turns[:8]])
@@ -193,11 +193,11 @@ def test_own_summary_is_known_by_digest_in_another_process(make_engine):
     transcript = [SYSTEM, *conversation(12)]
     out = first.compress(transcript, current_tokens=9999)
     assert out is not transcript
-    before = first.store.get_session(first.session.id).message_count
+    before = first.store.sessions.get(first.session.id).message_count
     second = make_engine()
     second.on_session_start("s")
     second.on_turn_complete(out + [{"role": "user", "content": "next question"}])
-    assert second.store.get_session(second.session.id).message_count == before + 1
+    assert second.store.sessions.get(second.session.id).message_count == before + 1
 
 
 # --------------------------------------------------------------------------- real processes
@@ -242,7 +242,7 @@ def test_processes_with_diverging_transcripts_each_keep_their_own(db_url):
     assert total == len(common) + 3 * sum(len(workers.turn("x", i)) for i in range(1, turns))
     for worker, session_key in results:
         own = [m for i in range(1, turns) for m in workers.turn(worker, i)]
-        assert lineage(store, store.find_session("default", session_key)) == common + own, worker
+        assert lineage(store, store.sessions.find("default", session_key)) == common + own, worker
     for key, messages in stored.items():  # no session mixes two hosts' own turns
         hosts = {w for w, _ in results if any(f"from {w}" in str(m.get("content")) for m in messages)}
         assert len(hosts) <= 1, (key, hosts)
@@ -253,7 +253,7 @@ def lineage(store: Store, session) -> list[dict]:
     own = rows(store, session.id)
     if session.parent_id is None:
         return own
-    return lineage(store, store.get_session(session.parent_id))[: session.fork_seq] + own
+    return lineage(store, store.sessions.get(session.parent_id))[: session.fork_seq] + own
 
 
 def test_a_bad_message_is_counted_when_another_writer_forced_a_full_alignment(db_url):
@@ -270,4 +270,4 @@ def test_a_bad_message_is_counted_when_another_writer_forced_a_full_alignment(db
     a.on_turn_complete(transcript)
     a.on_turn_complete(transcript)
     assert rows(a.store, a.session.id) == [m for i in range(3) for m in workers.turn("t", i)]
-    assert a.store.get_session(a.session.id).skipped_count == 1
+    assert a.store.sessions.get(a.session.id).skipped_count == 1

@@ -10,6 +10,8 @@ import time
 from lcm.records import NewSummary
 from lcm.store import Store
 
+from tests.support.storing import append_messages
+
 
 def turn(worker: str, i: int) -> list[dict]:
     """One 4-message turn with a tool call, a unique token, and a repeated 'ok'."""
@@ -33,11 +35,11 @@ def append_turns(url: str, agent: str, session_key: str, worker: str, turns: int
                  start_at: float | None = None) -> int:
     """Append ``turns`` turns, each in its own transaction, as a host would."""
     store = Store.open(url)
-    session = store.get_or_create_session(agent, session_key)
+    session = store.sessions.get_or_create(agent, session_key)
     wait_until(start_at)
     anchor = None
     for i in range(turns):
-        result = store.append_messages(session.id, turn(worker, i), after_identity=anchor)
+        result = append_messages(store, session.id, turn(worker, i), after_identity=anchor)
         anchor = result.last_identity
     return turns
 
@@ -46,33 +48,33 @@ def resend_transcript(url: str, agent: str, session_key: str, turns: int,
                       start_at: float | None = None) -> int:
     """Ingest a growing transcript, re-sending everything each time (a restarted host)."""
     store = Store.open(url)
-    session = store.get_or_create_session(agent, session_key)
+    session = store.sessions.get_or_create(agent, session_key)
     wait_until(start_at)
     transcript: list[dict] = []
     for i in range(turns):
         transcript.extend(turn("shared", i))
-        store.append_messages(session.id, transcript)
+        append_messages(store, session.id, transcript)
     return turns
 
 
 def open_store(url: str) -> str:
-    return Store.open(url).check_schema().status
+    return Store.open(url).health.check_schema().status
 
 
 def crash_during_summary(url: str) -> None:
     """Write messages, then die (SIGKILL) after the summary row is written, before its edges."""
     store = Store.open(url)
-    session = store.get_or_create_session("agent-a", "crash")
-    ids = store.append_messages(session.id, [{"role": "user", "content": f"m{i}"} for i in range(8)]).store_ids
+    session = store.sessions.get_or_create("agent-a", "crash")
+    ids = append_messages(store, session.id, [{"role": "user", "content": f"m{i}"} for i in range(8)]).store_ids
 
     def die(step: str) -> None:
         if step == "summary_inserted":
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    store._on_write_step = die
-    store.write_summary(session.id, NewSummary(depth=0, content="doomed", token_count=1,
-                                               source_ids=tuple(ids[:4]), kind="extractive"))
+    store.fault_hook = die
+    store.summaries.write(session.id, NewSummary(depth=0, content="doomed", token_count=1,
+                                               source_ids=tuple(ids[:4]), kind="extractive")).node
 
 
 def _engine(url: str):

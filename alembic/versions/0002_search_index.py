@@ -104,7 +104,7 @@ def upgrade() -> None:
         return
     from sqlalchemy.dialects.postgresql import TSVECTOR
 
-    from lcm.backends.postgres import PostgresBackend
+    from lcm.store.backends.postgres import PostgresBackend
 
     op.add_column("lcm_messages", sa.Column("search_vector", TSVECTOR(), nullable=True))
     op.add_column("lcm_summaries", sa.Column("search_vector", TSVECTOR(), nullable=True))

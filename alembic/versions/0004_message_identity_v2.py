@@ -27,8 +27,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    from lcm.backends.postgres import PostgresBackend
-    from lcm.upgrades import recompute_message_identities
+    from lcm.store.backends.postgres import PostgresBackend
+    from lcm.store.upgrades import recompute_message_identities
 
     bind = op.get_bind()
     reindex = PostgresBackend().reindex_messages if bind.dialect.name == "postgresql" else None

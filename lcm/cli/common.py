@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from lcm import db
+from lcm.store import connection as db
 from lcm.errors import LcmError, NotFoundError
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -64,7 +64,7 @@ def latest_session_key(store: Any, agent: str) -> str:
     best = None
     after = None
     while True:
-        page = store.list_sessions(agent, limit=100, after_id=after)
+        page = store.sessions.list(agent, limit=100, after_id=after)
         for s in page:
             if best is None or s.updated_at >= best.updated_at:
                 best = s

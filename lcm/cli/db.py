@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 from sqlalchemy.exc import OperationalError
 
-from lcm import db as dbmod
-from lcm import migrations
 from lcm.cli.common import emit_json, json_option, say, url_option
 from lcm.errors import DatabaseUnavailableError
+from lcm.store import connection as dbmod
+from lcm.store import migrations
 
 
 def _state(url) -> migrations.SchemaState:

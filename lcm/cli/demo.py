@@ -58,10 +58,10 @@ def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
     for plan in plans:
         session = engine.attach(plan.session_key)
         assembled = engine.assemble_context()
-        depths = {f"d{d.depth}": d.count for d in engine.store.depth_stats(session.id)}
+        depths = {f"d{d.depth}": d.count for d in engine.store.summaries.depth_stats(session.id)}
         sessions.append({"session_id": plan.session_key, "platform": session.platform,
                          "messages": session.message_count, "raw_tokens": session.token_count,
-                         "summaries": depths, "carried_in": len(engine.store.carried_summaries(session.id)),
+                         "summaries": depths, "carried_in": len(engine.store.summaries.carried(session.id)),
                          "assembled_tokens": assembled.tokens,
                          "assembled_messages": len(assembled.messages)})
     last = plans[-1].session_key

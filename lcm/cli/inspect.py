@@ -35,7 +35,7 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
             table.add_row(key, Text(str(value)))
         stdout.print(table)
         return
-    stats = open_store(url).stats()
+    stats = open_store(url).health.stats()
     if as_json:
         emit_json(stats)
         return
@@ -62,10 +62,10 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
     store = engine.store
     repaired = None
     if repair:
-        backup = store.backup()
-        duplicates = store.remove_duplicate_runs()
-        counts = store.rebuild_search_index()
-        store.optimize()  # fresh statistics for the rebuilt index (PostgreSQL plans searches by them)
+        backup = store.health.backup()
+        duplicates = store.health.remove_duplicate_runs()
+        counts = store.health.rebuild_index()
+        store.health.optimize()  # fresh statistics for the rebuilt index (PostgreSQL plans searches by them)
         repaired = {"backup": backup, "reindexed": counts, "duplicates": duplicates}
         if not as_json:
             say(f"backup: {backup or 'none (PostgreSQL: use pg_dump)'}; reindexed "
@@ -74,7 +74,7 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
                 say(f"session {d['session']}: removed {d['removed']} duplicated messages "
                     f"(runs {d['runs']})" + (f"; left alone: {'; '.join(d['left_alone'])}"
                                              if d["left_alone"] else ""))
-    checks: list[dict[str, Any]] = [c.as_dict() for c in store.integrity_checks(deep=deep or repair)]
+    checks: list[dict[str, Any]] = [c.as_dict() for c in store.health.checks(deep=deep or repair)]
     checks.extend(config_checks(engine))
     statuses = {c["status"] for c in checks}
     worst = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "ok"
@@ -118,7 +118,7 @@ def backup_command(destination: str, url: str | None, as_json: bool, force: bool
     if Path(store.location).resolve() == target.resolve():
         raise ConfigError("the backup cannot overwrite the store itself")
     tmp = target.with_name(f".{target.name}.partial")
-    written = store.backup(str(tmp))
+    written = store.health.backup(str(tmp))
     Path(written).replace(target)  # a finished copy, or nothing
     size = target.stat().st_size
     if as_json:

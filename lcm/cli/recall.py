@@ -87,15 +87,15 @@ def full_message(engine: Any, store_id: int) -> dict[str, Any]:
 def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: bool, limit: int) -> None:
     """List sessions: messages, tokens, summaries and how much is compacted."""
     store = open_store(url)
-    agents = store.list_agents() if all_agents else [agent]
+    agents = store.sessions.agents() if all_agents else [agent]
     rows = []
     for name in agents:
         after = None
         listed = 0
         while listed < limit:
-            page = store.list_sessions(name, limit=min(100, limit - listed), after_id=after)
+            page = store.sessions.list(name, limit=min(100, limit - listed), after_id=after)
             for s in page:
-                rows.append({"agent": name, "session_id": s.session_key, "aliases": store.session_keys(s.id)[1:],
+                rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
                              "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
                              "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
                              "created_at": s.created_at, "updated_at": s.updated_at})
@@ -180,9 +180,9 @@ def _time_arg(value: str | None) -> Any:
 def attach_to_node(engine: Any, node_id: int) -> None:
     """Bind to the session a node belongs to: the agent tools answer for the current session's
     nodes only, while a person at the command line names any node of the agent."""
-    node = engine.store.get_summary(node_id, agent=engine.agent_id)
+    node = engine.store.summaries.get(node_id, agent=engine.agent_id)
     if node is not None:
-        engine.attach(engine.store.get_session(node.session_pk).session_key)
+        engine.attach(engine.store.sessions.get(node.session_pk).session_key)
 
 
 @click.command("describe")

@@ -84,7 +84,7 @@ def import_plans(engine: Any, plans: Sequence[SessionPlan], *, compact: bool, sh
                 if progress is not None:
                     progress.advance(task)
 
-            report = import_session(engine.store, engine.agent_id, plan, after_turn=after_turn)
+            report = import_session(engine.store, engine.agent_id, plan, engine.tokens, after_turn=after_turn)
             if progress is not None and report.added == 0:
                 progress.advance(task, len(turns(plan.entries)))
             if compact:
@@ -129,11 +129,11 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     reports, outcomes = import_plans(engine, plans, compact=not no_compact,
                                      show_progress=not as_json and bool(plans))
     if any(r.added for r in reports):
-        engine.store.optimize()  # a bulk import changes word frequencies: refresh the statistics
+        engine.store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
     depth_counts = {}
     for plan in plans:
-        session = engine.store.find_session(engine.agent_id, plan.session_key)
-        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in engine.store.depth_stats(session.id)}
+        session = engine.store.sessions.find(engine.agent_id, plan.session_key)
+        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in engine.store.summaries.depth_stats(session.id)}
     result = {"source": transcript.source, "agent": engine.agent_id,
               "skipped": [{transcript.unit: w, "reason": why} for w, why in transcript.skipped],
               "sessions": [{"session_id": r.session_key, "in_file": r.in_file, "already_stored": r.already_stored,

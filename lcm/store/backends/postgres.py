@@ -23,8 +23,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 
-from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.records import Candidate, CheckResult
+from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.textindex import Query, Term, tokenize
 
 MAX_POSITION = 16383  # PostgreSQL clamps positions above this

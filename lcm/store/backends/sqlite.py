@@ -25,11 +25,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DatabaseError, OperationalError
 
-from lcm.backends import Backend, SearchSpec, post_filters, role_token, window_rank
+from lcm.config import sqlite_busy_timeout_ms
 from lcm.records import Candidate, CheckResult
+from lcm.store.backends import Backend, SearchSpec, post_filters, role_token, window_rank
 from lcm.textindex import Query, Term
 
-BUSY_TIMEOUT_MS = int(os.environ.get("LCM_SQLITE_BUSY_TIMEOUT_MS", "30000"))
 SAMPLE_ROWS = 200
 #: The doctor reports a write lock held longer than this (a write takes milliseconds).
 LOCK_PROBE_SECONDS = 1.0
@@ -67,19 +67,26 @@ class SQLiteBackend(Backend):
     name = "sqlite"
     pool_options = {"pool_size": 8, "max_overflow": 8}
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: How long a write waits for another connection's write lock (LCM_SQLITE_BUSY_TIMEOUT_MS).
+        self.busy_timeout_ms = sqlite_busy_timeout_ms()
+
     def engine_options(self, url: URL) -> dict[str, Any]:
-        return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000.0, "check_same_thread": False}}
+        return {"connect_args": {"timeout": self.busy_timeout_ms / 1000.0, "check_same_thread": False}}
 
     def prepare_location(self, url: URL) -> None:
         Path(str(url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
     def configure_engine(self, engine: Engine) -> None:
+        busy_timeout_ms = self.busy_timeout_ms
+
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # lcm issues BEGIN itself (see module docstring)
             cur = dbapi_conn.cursor()
             try:
-                cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                cur.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
                 cur.execute("PRAGMA foreign_keys = ON")
                 mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -271,7 +278,7 @@ class SQLiteBackend(Backend):
                                blocked or "the database file, its folder, -wal and -shm are writable"))
         held = self.write_lock_holder(url)
         out.append(CheckResult("sqlite_write_lock", "warn" if held else "ok",
-                               f"{held}: writes wait up to {BUSY_TIMEOUT_MS} ms, then fail" if held
+                               f"{held}: writes wait up to {self.busy_timeout_ms} ms, then fail" if held
                                else "no other connection holds the write lock"))
         return out
 

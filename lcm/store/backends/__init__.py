@@ -178,11 +178,11 @@ class Backend(ABC):
 def backend_for_url(url: URL) -> Backend:
     name = url.get_backend_name()
     if name == "sqlite":
-        from lcm.backends.sqlite import SQLiteBackend
+        from lcm.store.backends.sqlite import SQLiteBackend
 
         return SQLiteBackend()
     if name == "postgresql":
-        from lcm.backends.postgres import PostgresBackend
+        from lcm.store.backends.postgres import PostgresBackend
 
         return PostgresBackend()
     raise ConfigError(f"no lcm backend for database {name!r}")

@@ -1,24 +1,24 @@
 """Data upgrades that Alembic revisions run through lcm's own code.
 
-A revision that changes what a stored value *means* (not just the DDL) recomputes it here, so
-the rules live in one place: the store computes new rows with the same functions. A later
-change to one of these rules needs a new revision that calls its own recomputation again.
+A revision that changes what a stored value *means* (not just the DDL) recomputes it here with
+the very functions new rows are prepared with (``lcm.prepare``) and read back with
+(``lcm.store.messages``): one copy of each rule. A later change to one of these rules needs a
+new revision that calls its own recomputation again.
 
 Only the columns that exist since revision 0001 are touched, through lightweight table
-definitions (not ``lcm.models``, which follows the newest schema).
+definitions (not ``lcm.store.schema``, which follows the newest schema).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from lcm.messages import chain_identity, content_hash, decode_message, message_uid, uid_identity
-from lcm.textindex import index_body
-from lcm.transcript import recall_call_ids, searchable_text
+from lcm.messages import content_hash, message_uid
+from lcm.prepare import index_text, message_identity, recall_calls
+from lcm.store.messages import load_payloads, rebuild_message
 
 PAGE = 1_000
 
@@ -27,21 +27,6 @@ _messages = sa.table(
     sa.column("content_hash"), sa.column("role"), sa.column("content_kind"), sa.column("content"),
     sa.column("tool_calls"), sa.column("tool_call_id"), sa.column("name"), sa.column("extra"),
     sa.column("key_order"), sa.column("payload_id"), sa.column("search_text"))
-_payloads = sa.table("lcm_payloads", sa.column("id"), sa.column("data"))
-
-
-def _decode(conn: Connection, rows: list[Any]) -> list[dict[str, Any]]:
-    ids = sorted({r.payload_id for r in rows if r.payload_id is not None})
-    payloads = {}
-    for i in range(0, len(ids), 500):
-        for pk, data in conn.execute(sa.select(_payloads.c.id, _payloads.c.data).where(
-                _payloads.c.id.in_(ids[i:i + 500]))):
-            payloads[pk] = zlib.decompress(data).decode("utf-8")
-    return [decode_message(role=r.role, content_kind=r.content_kind, content=r.content,
-                           tool_calls=r.tool_calls, tool_call_id=r.tool_call_id, name=r.name,
-                           extra=r.extra, key_order=r.key_order,
-                           payload=payloads.get(r.payload_id) if r.payload_id is not None else None)
-            for r in rows]
 
 
 def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[str, int]:
@@ -62,18 +47,17 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
                 .order_by(_messages.c.seq).limit(PAGE)).all()
             if not rows:
                 break
-            messages = _decode(conn, rows)
-            recall = recall | recall_call_ids(messages)
+            payloads = load_payloads(conn, [r.payload_id for r in rows])
+            messages = [rebuild_message(r, payloads) for r in rows]
+            recall = recall | recall_calls(messages)
             for row, message in zip(rows, messages, strict=True):
                 digest = content_hash(message)
-                uid = message_uid(message)
-                identity = uid_identity(uid) if uid else chain_identity(previous, digest)
-                previous = identity
+                identity = previous = message_identity(previous, digest, message_uid(message))
                 values: dict[str, Any] = {}
                 if digest != row.content_hash or identity != row.identity:
                     values.update(content_hash=digest, identity=identity)
                     changed_ids += 1
-                body = index_body(searchable_text(message, recall))
+                body = index_text(message, recall)
                 current = row.search_text if row.search_text is not None else (row.content or "")
                 if body != current:
                     values["search_text"] = body

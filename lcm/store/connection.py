@@ -16,17 +16,12 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
+from lcm.config import database_url_from_env, default_sqlite_path
 from lcm.errors import ConfigError
+from lcm.store.backends import backend_for_url
 
 _registry: dict[str, Engine] = {}
 _lock = threading.Lock()
-
-
-def default_sqlite_path() -> Path:
-    """``lcm.db`` under the Hermes home when running inside Hermes, else under ``~/.lcm``."""
-    hermes_home = os.environ.get("HERMES_HOME")
-    base = Path(hermes_home) if hermes_home else Path.home() / ".lcm"
-    return base / "lcm.db"
 
 
 def resolve_url(url: str | None = None) -> URL:
@@ -35,7 +30,7 @@ def resolve_url(url: str | None = None) -> URL:
     ``postgres://`` and ``postgresql://`` are read as ``postgresql+psycopg://`` (psycopg 3 is
     the driver lcm ships with); a bare filesystem path is read as a SQLite file.
     """
-    raw = url if url is not None else os.environ.get("LCM_DATABASE_URL") or None
+    raw = url if url is not None else database_url_from_env()
     if raw is None:
         return URL.create("sqlite", database=str(default_sqlite_path()))
     raw = raw.strip()
@@ -86,8 +81,6 @@ def get_engine(url: URL) -> Engine:
 
 
 def _create(url: URL, *, pooled: bool = True) -> Engine:
-    from lcm.backends import backend_for_url
-
     backend = backend_for_url(url)
     backend.prepare_location(url)
     options = backend.engine_options(url)
@@ -110,15 +103,6 @@ def dispose(url: URL) -> None:
     with _lock:
         engine = _registry.pop(url.render_as_string(hide_password=False), None)
     if engine is not None:
-        engine.dispose()
-
-
-def dispose_all() -> None:
-    """Close every pooled connection (tests, and hosts shutting down)."""
-    with _lock:
-        engines = list(_registry.values())
-        _registry.clear()
-    for engine in engines:
         engine.dispose()
 
 

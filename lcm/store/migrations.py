@@ -30,8 +30,8 @@ ADVISORY_LOCK_KEY = 0x6C636D  # "lcm"
 
 def script_location() -> Path:
     """The directory holding env.py and versions/ (installed package first, then checkout)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_migrations", here.parent / "alembic"):
+    package = Path(__file__).resolve().parent.parent  # lcm/
+    for candidate in (package / "_migrations", package.parent / "alembic"):
         if (candidate / "env.py").is_file() and (candidate / "versions").is_dir():
             return candidate
     raise RuntimeError(
@@ -52,7 +52,7 @@ def alembic_config(url: URL) -> Any:
 
 def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     """Autogenerate filter: leave out objects only one dialect has (FTS5 tables, tsvectors)."""
-    from lcm.models import DIALECT_ONLY_OBJECTS
+    from lcm.store.schema import DIALECT_ONLY_OBJECTS
 
     if name is None:
         return True

@@ -1,0 +1,242 @@
+"""What every repository of the store shares: the engine, the backend, short transactions, the
+agent-id cache, table handles, and the small checks and conversions they all need.
+
+Concurrency model. Every write runs in one short transaction that first locks the session row
+(``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already holds the
+database write lock), so appends and summary writes to one session are serialised while
+different sessions proceed in parallel on PostgreSQL. Expensive preparation (encoding, token
+counting, compression: ``lcm.prepare``) happens before the transaction starts; LLM calls never
+happen in the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, Select, Table, select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from lcm import codec
+from lcm.errors import DatabaseUnavailableError, NotFoundError
+from lcm.records import SessionRecord, SummaryRecord
+from lcm.store import connection, migrations
+from lcm.store.backends import Backend, backend_for_url
+from lcm.store.schema import (
+    Agent,
+    CarriedSummary,
+    Generated,
+    Message,
+    Payload,
+    Session,
+    SessionAlias,
+    Summary,
+    SummarySource,
+)
+
+messages_t = cast(Table, Message.__table__)
+sessions_t = cast(Table, Session.__table__)
+agents_t = cast(Table, Agent.__table__)
+summaries_t = cast(Table, Summary.__table__)
+edges_t = cast(Table, SummarySource.__table__)
+payloads_t = cast(Table, Payload.__table__)
+aliases_t = cast(Table, SessionAlias.__table__)
+carried_t = cast(Table, CarriedSummary.__table__)
+generated_t = cast(Table, Generated.__table__)
+
+#: Rows per ``IN (...)`` list.
+IN_CHUNK = 500
+#: The largest page any listing returns at once.
+MAX_PAGE_LIMIT = 1000
+MAX_ID = 2**63 - 1  # both backends' id columns are signed 64-bit
+
+
+def fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[Any]], Any]) -> list[Any]:
+    """Rows of ``statement(chunk)`` for ``ids`` in chunks (bounded ``IN (...)`` lists)."""
+    unique = list(dict.fromkeys(ids))
+    rows: list[Any] = []
+    for i in range(0, len(unique), IN_CHUNK):
+        rows.extend(conn.execute(statement(unique[i : i + IN_CHUNK])).all())
+    return rows
+
+
+def storable_id(value: Any) -> bool:
+    """Whether ``value`` could be a row id at all; anything else is simply not found (a caller's
+    2**70 must not reach a driver that raises on integer overflow)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
+def checked_text(field: str, value: Any, max_chars: int) -> str:
+    """``value`` if it is a non-empty string of ordinary characters within ``max_chars``."""
+    if not isinstance(value, str) or not value or len(value) > max_chars or not codec.is_clean(value):
+        raise ValueError(f"{field} must be a non-empty string of at most {max_chars} ordinary characters")
+    return value
+
+
+def checked_int(field: str, value: Any, *, low: int, high: int | None = None) -> int:
+    """``value`` if it is an integer (not a bool) in ``low..high``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{field} must be {bound}, got {value}")
+    return value
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of what an exception (or the driver error under it) says."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__
+
+
+def session_record(row: Any) -> SessionRecord:
+    """A session row (with its agent's name as ``agent_name``) as a record."""
+    m = row if isinstance(row, Mapping) else row._mapping
+    return SessionRecord(
+        id=m["id"], agent=m["agent_name"], agent_pk=m["agent_id"], session_key=m["session_key"],
+        platform=m["platform"], conversation_id=m["conversation_id"],
+        created_at=m["created_at"], updated_at=m["updated_at"], last_seq=m["last_seq"],
+        message_count=m["message_count"], token_count=m["token_count"],
+        covered_seq=m["covered_seq"], covered_tokens=m["covered_tokens"],
+        host_view_seq=m["host_view_seq"],
+        last_compaction=codec.decode_json(m["last_compaction"]) if m["last_compaction"] else None,
+        summary_count=m["summary_count"], summary_tokens=m["summary_tokens"],
+        parent_id=m["parent_id"], fork_seq=m["fork_seq"], skipped_count=m["skipped_count"],
+    )
+
+
+def summary_record(row: Any) -> SummaryRecord:
+    m = row._mapping
+    return SummaryRecord(
+        id=m["id"], session_pk=m["session_id"], depth=m["depth"], content=m["content"],
+        token_count=m["token_count"], source_token_count=m["source_token_count"],
+        source_count=m["source_count"], first_seq=m["first_seq"], last_seq=m["last_seq"],
+        earliest_at=m["earliest_at"], latest_at=m["latest_at"], expand_hint=m["expand_hint"],
+        kind=m["kind"], model=m["model"], parent_id=m["parent_id"],
+        meta=codec.decode_json(m["meta"]) if m["meta"] is not None else None,
+        created_at=m["created_at"],
+    )
+
+
+def session_select() -> Select[Any]:
+    """Sessions with their agent's name (what :func:`session_record` reads)."""
+    return select(sessions_t, agents_t.c.name.label("agent_name")).join(
+        agents_t, agents_t.c.id == sessions_t.c.agent_id)
+
+
+class StoreCore:
+    """One lcm database: its engine and backend, read and write transactions, the agent cache.
+
+    Shared by the repositories of one :class:`lcm.store.Store` (and safe to use from several
+    threads: the agent cache only ever gains entries that never change)."""
+
+    def __init__(self, url: URL, engine: Engine):
+        self.url = url
+        self.engine = engine
+        self.backend: Backend = backend_for_url(url)
+        self._agents: dict[str, int] = {}
+        self._agent_names: dict[int, str] = {}
+        #: Fault injection for tests: called with a step name inside write transactions.
+        self.on_write_step: Callable[[str], None] | None = None
+
+    @property
+    def location(self) -> str:
+        """Where the data lives (a file path, or the URL without its password)."""
+        return connection.display_url(self.url)
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        try:
+            if self.backend.autocommit_reads:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    yield conn
+            else:
+                with self.engine.connect() as conn, conn.begin():
+                    yield conn
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"read from {self.location} failed: {first_line(exc)}") from exc
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction. A write that fails because of this machine (a SQLite file
+        made read-only) is retried once when lcm could remove the cause and nothing was
+        written yet; the error names what blocks writes."""
+        healed = yielded = False
+        while True:
+            try:
+                with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+                    yielded = True
+                    yield conn
+                return
+            except OperationalError as exc:
+                blocked, fixed = self.backend.write_blocked(self.url, heal=True)
+                if blocked is not None:
+                    # Connections opened while the cause was there stay read-only: reopen.
+                    self.engine.dispose()
+                if fixed and not healed and not yielded:
+                    healed = True  # nothing was written yet: once more, with the cause gone
+                    continue
+                cause = f"; {blocked}" if blocked else ""
+                raise DatabaseUnavailableError(
+                    f"write to {self.location} failed: {first_line(exc)}{cause}") from exc
+
+    def schema_state(self) -> migrations.SchemaState:
+        """Where the database's schema stands against this lcm's migrations."""
+        try:
+            with self.engine.connect() as conn:
+                return migrations.schema_state(conn)
+        except (OperationalError, ProgrammingError) as exc:
+            raise DatabaseUnavailableError(
+                f"cannot open the lcm database at {self.location}: {first_line(exc)}") from exc
+
+    def fault_point(self, name: str) -> None:
+        """A named step inside a write transaction, where tests inject crashes."""
+        if self.on_write_step is not None:
+            self.on_write_step(name)
+
+    def agent_pk(self, conn: Connection, agent: str, *, create: bool) -> int | None:
+        """The agent's row id (created when ``create``), cached for the process."""
+        checked_text("agent id", agent, 128)
+        pk = self._agents.get(agent)
+        if pk is not None:
+            return pk
+        pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar()
+        if pk is None and create:
+            self.backend.insert_ignore(conn, agents_t, [{"name": agent, "created_at": time.time()}], ["name"])
+            pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar_one()
+        if pk is not None:
+            self._agents[agent] = pk
+            self._agent_names[pk] = agent
+        return pk
+
+    def agent_name(self, conn: Connection, agent_pk: int) -> str:
+        name = self._agent_names.get(agent_pk)
+        if name is None:
+            name = conn.execute(select(agents_t.c.name).where(agents_t.c.id == agent_pk)).scalar_one()
+            self._agents[name] = agent_pk
+            self._agent_names[agent_pk] = name
+        return name
+
+    @staticmethod
+    def lock_session(conn: Connection, session_pk: int) -> Mapping[str, Any]:
+        """The session's row, locked until the transaction ends (NotFoundError if none)."""
+        row = conn.execute(
+            select(sessions_t).where(sessions_t.c.id == session_pk).with_for_update()).first()
+        if row is None:
+            raise NotFoundError(f"session {session_pk} not found")
+        return row._mapping
+
+    def session_of(self, conn: Connection, session_pk: int, *, lock: bool = False) -> SessionRecord:
+        """The session as a record (its row locked when ``lock``), or NotFoundError."""
+        stmt = session_select().where(sessions_t.c.id == session_pk)
+        if lock:
+            stmt = stmt.with_for_update(of=sessions_t)
+        row = conn.execute(stmt).first()
+        if row is None:
+            raise NotFoundError(f"session {session_pk} not found")
+        return session_record(row)
