@@ -30,11 +30,11 @@ def run(backend: str, url: str, *, messages: int) -> dict[str, Any]:
                                 max_passes=1_000, max_compaction_seconds=3_600)
     engine = LcmEngine(config, store=store)
     engine.update_model("bench", 32_000)
-    engine.attach("compact")
+    engine.context.attach("compact")
     started = time.perf_counter()
     passes = leaves = condensed = calls = 0
     while True:
-        outcome = engine.compact_stored()
+        outcome = engine.context.compact_stored()
         calls += 1
         if not outcome.get("passes"):
             break

@@ -77,7 +77,7 @@ def load(backend: str, url: str, corpus: Corpus, messages: int, sessions: int) -
 
 
 def _grep(engine: LcmEngine, args: dict[str, Any]) -> dict[str, Any]:
-    payload = json.loads(run_tool(engine, "lcm_grep", args))
+    payload = json.loads(run_tool(engine.context, "lcm_grep", args))
     assert "error" not in payload, payload
     return payload
 
@@ -90,7 +90,7 @@ def measure(loaded: Loaded, corpus: Corpus, runs: int, seed: int = 1) -> list[di
     for key in own:
         engine = LcmEngine(LcmConfig.from_env({}, database_url=loaded.url, agent_id=agent),
                            store=loaded.store)
-        engine.attach(key)
+        engine.context.attach(key)
         engines[key] = engine
     own_needles = [i for i, (a, _) in loaded.needles.items() if a == agent]
     classes: dict[str, Callable[[], str]] = {

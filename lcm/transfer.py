@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
+from lcm.context.ingest import message_key, meta_key
+from lcm.context.ports import StorePorts
 from lcm.errors import InvalidMessageError, LcmError
-from lcm.ingest import message_key, meta_key
 from lcm.messages import content_hash, encode_message, parse_timestamp
 from lcm.prepare import prepare_messages
 from lcm.records import MessageRecord, SessionRecord
-from lcm.store import Store
 from lcm.tokens import TokenCounter
 from lcm.transcript import is_lcm_summary, is_real_user, recall_call_ids, role_of
 
@@ -219,7 +219,7 @@ def turns(entries: Sequence[Entry]) -> list[list[Entry]]:
     return out
 
 
-def import_session(store: Store, agent: str, plan: SessionPlan, tokens: TokenCounter, *,
+def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: TokenCounter, *,
                    after_turn: Callable[[SessionRecord, int], None] | None = None) -> ImportReport:
     """Store a session's messages exactly once (see the module docstring for the matching
     rule). ``after_turn(session, messages_added)`` runs after each stored turn (compaction,
@@ -260,7 +260,7 @@ def export_line(session: SessionRecord, record: MessageRecord) -> dict[str, Any]
             "timestamp": record.ts, "message": record.message}
 
 
-def export_sessions(store: Store, agent: str, session_key: str | None = None) -> Iterator[dict[str, Any]]:
+def export_sessions(store: StorePorts, agent: str, session_key: str | None = None) -> Iterator[dict[str, Any]]:
     """Every stored message of the agent's session (or of all its sessions, oldest session
     first), in store order, as export lines; read page by page, so memory stays flat."""
     if session_key is not None:
@@ -269,7 +269,7 @@ def export_sessions(store: Store, agent: str, session_key: str | None = None) ->
             raise TranscriptError(f"agent {agent!r} has no session {session_key!r} (lcm sessions lists them)")
         sessions: Iterator[SessionRecord] = iter([found])
     else:
-        sessions = store.sessions.iterate(agent)
+        sessions = store.sessions.each(agent)
     for session in sessions:
         cursor = None
         while True:

@@ -77,7 +77,7 @@ def test_a_process_killed_between_summary_and_edges_leaves_neither(db_url):
     store = Store.open(db_url)
     session = store.sessions.find("agent-a", "crash")
     assert session.message_count == 8 and session.covered_seq == 0
-    assert store.summaries.list(session.id) == []
+    assert store.summaries.of_session(session.id) == []
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM lcm_summary_sources")).scalar_one() == 0
     assert all(c.status == "ok" for c in store.health.checks(deep=True))

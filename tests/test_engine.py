@@ -50,7 +50,7 @@ def test_copies_share_the_store_not_the_session(make_engine):
     engine = make_engine()
     engine.on_session_start("a1")
     clone = engine.clone_for_agent()
-    assert clone.store is engine.store and clone._session is None
+    assert clone.store is engine.store and clone.context.current is None
     clone.on_session_start("a2")
     engine.compress([SYSTEM, *turn(1)])
     clone.compress([SYSTEM, *turn(2)])
@@ -286,13 +286,13 @@ def test_a_tool_group_is_never_split_and_a_giant_message_is_its_own_leaf(make_en
     engine.on_session_start("s")
     transcript = [SYSTEM, *turn(0, tools=6), *turn(1, user="huge " * 2000), *conversation(6)]
     engine.compress(transcript, current_tokens=host_tokens(transcript))
-    for leaf in engine.store.summaries.list(engine.session.id, depth=0):
+    for leaf in engine.store.summaries.of_session(engine.session.id, depth=0):
         msgs = [m.message for m in engine.store.messages.get_range(engine.session.id, first_seq=leaf.first_seq,
                                                               last_seq=leaf.last_seq)]
         assert sequence_problems([{"role": "user", "content": "x"}, *msgs]) == [] or msgs[0]["role"] == "user"
         following = engine.store.messages.get_range(engine.session.id, first_seq=leaf.last_seq + 1, limit=1)
         assert not following or following[0].role == "assistant"  # every leaf ends at a turn boundary
-    huge = [s for s in engine.store.summaries.list(engine.session.id, depth=0) if s.source_token_count > 1000]
+    huge = [s for s in engine.store.summaries.of_session(engine.session.id, depth=0) if s.source_token_count > 1000]
     assert huge and all(s.source_count <= 4 for s in huge)
 
 
@@ -376,7 +376,7 @@ def test_focus_topic_and_llm_summaries(make_engine, llm):
     engine.compress(transcript, current_tokens=host_tokens(transcript), focus_topic="the step-7 failure")
     assert llm.requests and all(r["model"] == "sum-model" for r in llm.requests)
     assert "the step-7 failure" in llm.requests[0]["messages"][0]["content"]
-    kinds = {s.kind for s in engine.store.summaries.list(engine.session.id)}
+    kinds = {s.kind for s in engine.store.summaries.of_session(engine.session.id)}
     assert kinds <= {"llm", "llm-bullets"}
     assert engine.get_status()["summarizer"]["route"].startswith("endpoint:sum-model")
 

@@ -53,7 +53,7 @@ def check_dag(engine) -> None:
     checks = {c.name: c for c in store.health.checks(deep=False)}
     for name in ("coverage", "dag_edges", "session_counters", "agent_scope"):
         assert checks[name].status == "ok", checks[name]
-    for node in store.summaries.list(session.id, limit=1000):
+    for node in store.summaries.of_session(session.id, limit=1000):
         sources, total = store.summaries.expand(node.id)
         assert total == node.source_count == len(sources)
         if node.depth == 0:  # expansion reproduces the covered messages, in order, exactly

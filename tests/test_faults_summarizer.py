@@ -42,7 +42,7 @@ def test_a_failing_llm_never_stalls_compaction(make_engine, llm, fault):
         transcript = list(transcript) + conversation(i + 1)[-8:] if i else [SYSTEM, *conversation(1)]
         out = engine.compress(transcript, current_tokens=None)
         transcript = out
-        sizes.append(sum(engine.tokens.count_message_text(message_text(m)) for m in out))
+        sizes.append(sum(engine.context.tokens.count_message_text(message_text(m)) for m in out))
         assert not sequence_problems(out, SYSTEM), sequence_problems(out, SYSTEM)
     assert engine.compression_count > 0
     assert engine.store.summaries.depth_stats(engine.session.id), "no summary was ever written"
@@ -105,6 +105,6 @@ def test_over_budget_is_set_whenever_the_context_handed_back_exceeds_the_cap(mak
     transcript = [SYSTEM, *conversation(3)]
     out = engine.compress(transcript, current_tokens=5000)
     last = engine.get_status()["last_compaction"]
-    size = sum(engine.tokens.count_message_text(json.dumps(m)) for m in out)
+    size = sum(engine.context.tokens.count_message_text(json.dumps(m)) for m in out)
     if size > 400:
         assert last["over_budget"] is True, last

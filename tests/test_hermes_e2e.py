@@ -91,7 +91,7 @@ def conversation_seen_by_model(model: HermesModel) -> list[dict[str, Any]]:
 
 def stored(home: HermesHome, database: str | None) -> tuple[Store, list[Any]]:
     store = Store.open(database or f"sqlite:///{home.home / 'lcm.db'}")
-    [session] = store.sessions.list("default")  # the profile name is the agent scope
+    [session] = store.sessions.of_agent("default")  # the profile name is the agent scope
     return store, store.messages.get_range(session.id)
 
 
@@ -119,7 +119,7 @@ def sanitizer_check(home: HermesHome, session_id: str) -> dict[str, Any]:
         sanitized = sanitize_api_messages(out)
         print(json.dumps({{
             "is_context_engine": isinstance(engine, ContextEngine), "name": engine.name,
-            "copies_independent": clone._session is None and copied._session is None and clone.store is engine.store,
+            "copies_independent": clone.context.current is None and copied.context.current is None and clone.store is engine.store,
             "compacted": len(out) < len(msgs), "repairs": repairs,
             "unchanged_by_repair": json.dumps(out, sort_keys=True) == snapshot,
             "unchanged_by_sanitize": json.dumps(sanitized, sort_keys=True) == snapshot}}))
@@ -148,7 +148,7 @@ def test_constructing_and_copying_the_plugin_engine_does_no_io(hermes_venv, tmp_
         again = copy.deepcopy(copies[0])
         print(json.dumps({"name": engine.name, "abc": isinstance(engine, ContextEngine),
                           "db_before": before, "db_after": os.path.exists(db),
-                          "copy_has_no_session": again._session is None,
+                          "copy_has_no_session": again.context.current is None,
                           "tools": sorted(t["name"] for t in again.get_tool_schemas())}))
     """))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -217,7 +217,7 @@ def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path,
     expected = conversation_seen_by_model(model)
     assert [key(r.message) for r in messages] == [key(m) for m in expected]
     assert [r.message["content"] for r in messages if r.role == "user"] == [*prompts, "RECALL deploy fingerprint"]
-    summaries = store.summaries.list(messages[0].session_pk, depth=0, limit=100)
+    summaries = store.summaries.of_session(messages[0].session_pk, depth=0, limit=100)
     assert summaries and all(s.kind.startswith("llm") for s in summaries)  # via Hermes' aux client
 
     # One more process resumes the session and adds exactly its own turn.

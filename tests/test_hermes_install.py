@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lcm.hermes import plugin_source
+from lcm.hermes.install import plugin_source
 
 CONFIG = """\
 # my Hermes settings: comments must survive lcm's edits

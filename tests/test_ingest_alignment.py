@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lcm.ingest import Ingestor
+from lcm.context.ingest import Ingestor
 from lcm.store import Store
 
 from tests.support.storing import append_messages
@@ -37,7 +37,7 @@ def test_a_transcript_starting_anywhere_adds_only_its_new_messages(store, start)
     append_messages(store, session.id, history)
     new = _msgs("new", 3)
     result = Ingestor(store).ingest(session.id, [SYSTEM, *history[start:], *new])
-    assert result.new == 3
+    assert result.added == 3
     assert _stored(store, session.id) == history + new
     stored_ids = [r.store_id for r in store.messages.get_range(session.id, limit=10_000)]
     assert result.store_ids == stored_ids[start:]  # every host message mapped to its own row

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lcm.compaction import leaf_end_index, tail_start_index
+from lcm.context.planning import leaf_end_index, tail_start_index
 
 # u = user, a = assistant, t = tool
 ROLES = {"u": "user", "a": "assistant", "t": "tool"}

@@ -168,7 +168,7 @@ def test_sessions_are_scoped_by_agent(store):
     assert store.messages.get(mine.store_id, agent="agent-a").message["content"] == "secret alpha"
     with pytest.raises(NotFoundError):
         store.sessions.get(a.id, agent="agent-b")
-    assert [s.session_key for s in store.sessions.list("agent-a")] == ["shared-key"]
+    assert [s.session_key for s in store.sessions.of_agent("agent-a")] == ["shared-key"]
 
 
 def test_session_details_fill_in_but_never_change(store):

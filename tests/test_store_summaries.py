@@ -134,7 +134,7 @@ def test_concurrent_compaction_of_the_same_run_is_detected(store, filled):
     store.summaries.write(session.id, leaf(ids[:5])).node
     with pytest.raises(IntegrityViolation):
         store.summaries.write(session.id, leaf(ids[:5])).node
-    assert len(store.summaries.list(session.id)) == 1
+    assert len(store.summaries.of_session(session.id)) == 1
 
 
 def test_crash_between_summary_and_edges_leaves_neither(store, filled):
@@ -148,7 +148,7 @@ def test_crash_between_summary_and_edges_leaves_neither(store, filled):
     with pytest.raises(RuntimeError):
         store.summaries.write(session.id, leaf(ids[:5])).node
     store.fault_hook = None
-    assert store.summaries.list(session.id) == []
+    assert store.summaries.of_session(session.id) == []
     assert store.sessions.get(session.id).covered_seq == 0
     assert store.search.summaries("leaf", agent="agent-a").hits == []
     status_ok(store)

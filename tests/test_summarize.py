@@ -7,15 +7,10 @@ import logging
 import pytest
 
 from lcm.config import LcmConfig
-from lcm.summarize import (
-    EXPAND_PREFIX,
-    EXTRACTIVE_MARKER,
-    Breakers,
-    RouteError,
-    SummaryRequest,
-    Summarizer,
-    strip_reasoning,
-)
+from lcm.context.summarize import RouteError, Summarizer, SummaryRequest
+from lcm.context.summarize.prompts import EXPAND_PREFIX, EXTRACTIVE_MARKER
+from lcm.context.summarize.routes import Breakers
+from lcm.context.summarize.text import strip_reasoning
 from lcm.tokens import TokenCounter
 
 from tests.llm_server import completion, error
@@ -69,7 +64,7 @@ def test_nothing_usable_falls_back_to_the_extractive_summary(llm):
 
 
 def test_truncation_is_the_last_resort(llm, monkeypatch):
-    import lcm.summarize as summarize_module
+    import lcm.context.summarize.summarizer as summarize_module
 
     llm.handler = lambda body: completion(SOURCE * 2)
     monkeypatch.setattr(summarize_module, "extractive_summary", lambda request, tokens, marker="": SOURCE * 3)

@@ -20,14 +20,8 @@ from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.store import Store
 from lcm.textindex import tokenize
-from lcm.tools import (
-    EXPAND_SOURCES_CAP,
-    GREP_LIMIT_CAP,
-    LOAD_LIMIT_CAP,
-    PAGE_CHARS_CAP,
-    PAGE_CHARS_DEFAULT,
-    text_content,
-)
+from lcm.tools.render import text_content
+from lcm.tools.specs import EXPAND_SOURCES_CAP, GREP_LIMIT_CAP, LOAD_LIMIT_CAP, PAGE_CHARS_CAP, PAGE_CHARS_DEFAULT
 from lcm.transcript import SUMMARY_MARKER
 
 from tests.conversation import SYSTEM, host_step, turn
@@ -610,7 +604,7 @@ def test_another_agents_ids_are_not_found_like_ids_that_do_not_exist(two_agents)
     alice, bob, chat = two_agents
     store = alice.store
     alice_ids = [r.store_id for r in chat.stored()]
-    alice_nodes = [n.id for d in range(3) for n in store.summaries.list(alice.session.id, depth=d, limit=500)]
+    alice_nodes = [n.id for d in range(3) for n in store.summaries.of_session(alice.session.id, depth=d, limit=500)]
     assert alice_nodes
     bob_ids = {r.store_id for r in store.messages.get_range(bob.session.id)}
     for store_id in alice_ids:

@@ -14,7 +14,7 @@ import pytest
 
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
-from lcm.ingest import Ingestor
+from lcm.context.ingest import Ingestor
 from lcm.store import Store
 
 from tests import workers
@@ -146,7 +146,7 @@ def test_a_host_behind_another_adds_nothing(db_url):
     turns = [m for i in range(5) for m in workers.turn("t", i)]
     Ingestor(store).ingest(session.id, [SYSTEM, *turns])
     result = Ingestor(store).ingest(session.id, [SYSTEM, *turns[:8]])
-    assert result.new == 0 and result.session.id == session.id
+    assert result.added == 0 and result.session.id == session.id
     assert rows(store, session.id) == turns
 
 

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: the --url/--agent/--json options, opening the store or an engine,
+"""Shared CLI plumbing: the --url/--agent/--json options, opening the store or an context,
 output, and turning every failure into one line on stderr."""
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from lcm.store import connection as db
+from lcm.config import LcmConfig
+from lcm.context.session import ContextSession
 from lcm.errors import LcmError, NotFoundError
+from lcm.store import Store
+from lcm.store import connection as db
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -30,11 +33,9 @@ agent_option = click.option(
     help="Agent scope (a Hermes profile name; $LCM_AGENT_ID).")
 
 
-def open_store(url: str | None, *, create: bool = False):
+def open_store(url: str | None, *, create: bool = False) -> Store:
     """The store at ``url``. Commands that only read refuse a SQLite file that does not exist
     (a typo in a path must not quietly create an empty database)."""
-    from lcm.store import Store
-
     resolved = db.resolve_url(url)
     if not create and resolved.get_backend_name() == "sqlite" and resolved.database not in (None, "", ":memory:"):
         path = Path(resolved.database).expanduser()
@@ -44,33 +45,21 @@ def open_store(url: str | None, *, create: bool = False):
     return Store.open(resolved)
 
 
-def open_engine(url: str | None, agent: str, *, create: bool = False, context_length: int | None = None,
-                **settings: Any):
-    """An engine on the store for ``agent``: settings from the environment, then ``settings``."""
-    from lcm.config import LcmConfig
-    from lcm.engine import LcmEngine
-
+def open_context(url: str | None, agent: str, *, create: bool = False, context_length: int | None = None,
+                 **settings: Any) -> ContextSession:
+    """A context session of ``agent`` on the store at ``url`` (settings from the environment,
+    then ``settings``; ``context_length``: the model window compaction aims for)."""
     store = open_store(url, create=create)
-    config = LcmConfig.from_env(database_url=store.url.render_as_string(hide_password=False),
-                                agent_id=agent, **settings)
-    engine = LcmEngine(config, store=store)
-    if context_length:
-        engine.update_model("lcm-cli", context_length)
-    return engine
+    config = LcmConfig.from_env(agent_id=agent, **settings)
+    return ContextSession(config, store, agent_id=agent, context_length=context_length or 0)
 
 
-def latest_session_key(store: Any, agent: str) -> str:
+def latest_session_key(store: Store, agent: str) -> str:
     """The agent's most recently active session (the default for describe and status)."""
     best = None
-    after = None
-    while True:
-        page = store.sessions.list(agent, limit=100, after_id=after)
-        for s in page:
-            if best is None or s.updated_at >= best.updated_at:
-                best = s
-        if len(page) < 100:
-            break
-        after = page[-1].id
+    for s in store.sessions.each(agent):
+        if best is None or s.updated_at >= best.updated_at:
+            best = s
     if best is None:
         raise NotFoundError(f"agent {agent!r} has no sessions in this store (lcm sessions --all-agents lists agents)")
     return best.session_key
@@ -127,14 +116,17 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         stderr.print(f"lcm: error: {exc.strerror or exc}{where}", markup=False)
         return 1
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback, unless asked for
-        from sqlalchemy.exc import SQLAlchemyError
-
         if os.environ.get("LCM_DEBUG"):
             raise
-        kind = "database error" if isinstance(exc, SQLAlchemyError) else f"internal error ({type(exc).__name__})"
+        kind = "database error" if _from_database(exc) else f"internal error ({type(exc).__name__})"
         stderr.print(f"lcm: {kind}: {_one_line(getattr(exc, 'orig', None) or exc)} "
                      "(LCM_DEBUG=1 shows the traceback)", markup=False)
         return 1
+
+
+def _from_database(exc: BaseException) -> bool:
+    """An error the database driver layer raised (SQLAlchemy's, which only lcm.store imports)."""
+    return any(cls.__module__.startswith("sqlalchemy.") for cls in type(exc).__mro__)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """``lcm demo``: the whole story on the embedded store, without Hermes and without an LLM key.
 
 It imports the shipped three-session transcript (``lcm/demo/transcript.jsonl``) turn by turn
-through the engine with a small context window, compacting after every turn with the
+through the context with a small context window, compacting after every turn with the
 configured summarizer (the extractive one when no LLM is set), then shows what is stored, the
 summary DAG, how small the assembled prompt is against the raw history, and a grep plus expand
 that brings back a fact from the first turn byte-exactly. Everything goes under the agent
@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_engine, say, stdout, url_option, when
+from lcm.cli.common import emit_json, json_option, open_context, say, stdout, url_option, when
 from lcm.cli.recall import full_message, tool, whole_field
 from lcm.cli.transfer import import_plans
 from lcm.demo.generate import BRIDGE_CODE, DEMO_QUERY
@@ -42,42 +42,42 @@ def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
         transcript = read_transcript(path)
     plans = plan_sessions(transcript)
     originals = {e.where: e.message for e in transcript.entries}
-    engine = open_engine(url, DEMO_AGENT, create=True, context_length=context_length, **DEMO_SETTINGS)
-    route = engine.summarizer.describe()
+    context = open_context(url, DEMO_AGENT, create=True, context_length=context_length, **DEMO_SETTINGS)
+    route = context.summarizer.describe()
     if not as_json:
         say(f"lcm demo: {len(transcript.entries)} messages in {len(plans)} sessions from the shipped transcript")
-        say(f"store: {engine.store.location} ({engine.store.backend_name}), agent {DEMO_AGENT}, "
+        say(f"store: {context.store.location} ({context.store.backend_name}), agent {DEMO_AGENT}, "
             f"window {context_length:,} tokens")
         say("summarizer: " + (f"{route['route']}" if route["mode"] != "extractive" else
                               "extractive (no LLM configured; LCM_SUMMARY_BASE_URL and LCM_SUMMARY_MODEL "
                               "give LLM summaries)"))
-    reports, outcomes = import_plans(engine, plans, compact=True, show_progress=not as_json,
+    reports, outcomes = import_plans(context, plans, compact=True, show_progress=not as_json,
                                      label="ingesting", carry=True)
 
     sessions = []
     for plan in plans:
-        session = engine.attach(plan.session_key)
-        assembled = engine.assemble_context()
-        depths = {f"d{d.depth}": d.count for d in engine.store.summaries.depth_stats(session.id)}
+        session = context.attach(plan.session_key)
+        assembled = context.assemble_context()
+        depths = {f"d{d.depth}": d.count for d in context.store.summaries.depth_stats(session.id)}
         sessions.append({"session_id": plan.session_key, "platform": session.platform,
                          "messages": session.message_count, "raw_tokens": session.token_count,
-                         "summaries": depths, "carried_in": len(engine.store.summaries.carried(session.id)),
+                         "summaries": depths, "carried_in": len(context.store.summaries.carried(session.id)),
                          "assembled_tokens": assembled.tokens,
                          "assembled_messages": len(assembled.messages)})
     last = plans[-1].session_key
-    engine.attach(last)
-    found = tool(engine, "lcm_grep", query=DEMO_QUERY, session_scope="all", limit=5)
+    context.attach(last)
+    found = tool(context, "lcm_grep", query=DEMO_QUERY, session_scope="all", limit=5)
     hits = [h for h in found["results"] if h["type"] == "message"]
     recall: dict[str, Any] = {"query": DEMO_QUERY, "hits": found["results"], "byte_exact": False}
     if hits:
-        item = full_message(engine, hits[0]["store_id"])
+        item = full_message(context, hits[0]["store_id"])
         original = next((m for m in originals.values() if m.get("content") and BRIDGE_CODE in str(m["content"])), None)
-        text, _ = whole_field(engine, hits[0]["store_id"])
+        text, _ = whole_field(context, hits[0]["store_id"])
         recall.update({"store_id": item["store_id"], "session_id": item["session_id"],
                        "text": text, "byte_exact": original is not None and json.dumps(
                            item["message"], ensure_ascii=False) == json.dumps(original, ensure_ascii=False)})
     total_raw = sum(s["raw_tokens"] for s in sessions)
-    result = {"agent": DEMO_AGENT, "database": engine.store.location, "backend": engine.store.backend_name,
+    result = {"agent": DEMO_AGENT, "database": context.store.location, "backend": context.store.backend_name,
               "summarizer": route["route"], "context_length": context_length,
               "stored_messages": sum(s["messages"] for s in sessions), "raw_tokens": total_raw,
               "new_messages": sum(r.added for r in reports),

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from lcm.cli.common import emit_json, json_option, say, stderr
-from lcm.hermes import SetupReport, default_home, install, uninstall
+from lcm.hermes.install import SetupReport, default_home, install, uninstall
 
 
 def _home(hermes_home: str | None, profile: str | None) -> Path:

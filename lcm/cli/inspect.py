@@ -9,8 +9,9 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lcm.cli.common import agent_option, emit_json, json_option, open_engine, open_store, say, stdout, url_option
+from lcm.cli.common import agent_option, emit_json, json_option, open_context, open_store, say, stdout, url_option
 from lcm.errors import ConfigError
+from lcm.tools.health import health_report
 
 
 @click.command("status")
@@ -18,15 +19,15 @@ from lcm.errors import ConfigError
 @agent_option
 @json_option
 @click.option("--session", "session_key", metavar="ID",
-              help="Show one session's engine status (the lcm_status tool) instead of the store.")
+              help="Show one session's context status (the lcm_status tool) instead of the store.")
 def status_command(url: str | None, agent: str, as_json: bool, session_key: str | None) -> None:
     """Show the store (backend, location, size, row counts) or one session's state."""
     if session_key is not None:
         from lcm.cli.recall import tool
 
-        engine = open_engine(url, agent)
-        engine.attach(session_key)
-        res = tool(engine, "lcm_status")
+        context = open_context(url, agent)
+        context.attach(session_key)
+        res = tool(context, "lcm_status")
         if as_json:
             emit_json(res)
             return
@@ -56,10 +57,8 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
                    "yet summarized), rebuild the search index from the rows, check again.")
 def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repair: bool) -> None:
     """Check database integrity, schema, search index, the summary DAG and the settings."""
-    from lcm.tools import config_checks
-
-    engine = open_engine(url, agent)
-    store = engine.store
+    context = open_context(url, agent)
+    store = context.store
     repaired = None
     if repair:
         backup = store.health.backup()
@@ -74,13 +73,10 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
                 say(f"session {d['session']}: removed {d['removed']} duplicated messages "
                     f"(runs {d['runs']})" + (f"; left alone: {'; '.join(d['left_alone'])}"
                                              if d["left_alone"] else ""))
-    checks: list[dict[str, Any]] = [c.as_dict() for c in store.health.checks(deep=deep or repair)]
-    checks.extend(config_checks(engine))
-    statuses = {c["status"] for c in checks}
-    worst = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "ok"
-    overall = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}[worst]
+    report = health_report(context, store.health.checks(deep=deep or repair))
+    overall, checks = report["overall"], report["checks"]
     if as_json:
-        payload: dict[str, Any] = {"overall": overall, "checks": checks}
+        payload: dict[str, Any] = {**report}
         if repaired is not None:
             payload["repair"] = repaired
         emit_json(payload)
@@ -93,9 +89,9 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
         for c in checks:
             table.add_row(c["name"], Text(c["status"], style=colour[c["status"]]), Text(c["detail"]))
         stdout.print(table)
-        if worst == "fail" and not repair:
+        if overall == "unhealthy" and not repair:
             say("a failing search index check is fixed by: lcm doctor --repair")
-    if worst == "fail":
+    if overall == "unhealthy":
         raise click.exceptions.Exit(1)
 
 

@@ -1,6 +1,6 @@
 """The agent tools for people: ``lcm sessions``, ``grep``, ``describe``, ``expand``, ``load``.
 
-Each command runs the same tool code the agent calls (``lcm.tools``), on an engine bound to
+Each command runs the same tool code the agent calls (``lcm.tools``), on an context bound to
 the chosen agent and session, so what a person sees is exactly what the agent would get; the
 command pages through the tool's bounded responses itself. ``--json`` prints the tool's
 response (with every page joined).
@@ -8,6 +8,7 @@ response (with every page joined).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -23,13 +24,14 @@ from lcm.cli.common import (
     json_option,
     latest_session_key,
     marked,
-    open_engine,
+    open_context,
     open_store,
     say,
     stdout,
     url_option,
     when,
 )
+from lcm.context.session import ContextSession
 from lcm.errors import LcmError
 from lcm.tools import run_tool
 
@@ -40,21 +42,21 @@ class ToolError(LcmError):
     """A tool answered with an error (bad argument, not found): shown as one line."""
 
 
-def tool(engine: Any, name: str, **args: Any) -> dict[str, Any]:
+def tool(context: ContextSession, name: str, **args: Any) -> dict[str, Any]:
     """Run one agent tool and return its response, raising its error as a ToolError."""
-    payload = json.loads(run_tool(engine, name, {k: v for k, v in args.items() if v is not None}))
+    payload = json.loads(run_tool(context, name, {k: v for k, v in args.items() if v is not None}))
     if "error" in payload:
         raise ToolError(payload["error"])
     return payload
 
 
-def whole_field(engine: Any, store_id: int, field: str = "content") -> tuple[str, dict[str, Any]]:
+def whole_field(context: ContextSession, store_id: int, field: str = "content") -> tuple[str, dict[str, Any]]:
     """A message field's complete text, paged through lcm_expand (first page returned too)."""
     pages: list[str] = []
     first: dict[str, Any] | None = None
     offset: int | None = 0
     while offset is not None:
-        res = tool(engine, "lcm_expand", store_id=store_id, content_offset=offset, max_tokens=5_000,
+        res = tool(context, "lcm_expand", store_id=store_id, content_offset=offset, max_tokens=5_000,
                    field=None if field == "content" else field)
         first = first or res
         pages.append(res["item"]["message"].get(field) or "")
@@ -63,16 +65,16 @@ def whole_field(engine: Any, store_id: int, field: str = "content") -> tuple[str
     return "".join(pages), first
 
 
-def full_message(engine: Any, store_id: int) -> dict[str, Any]:
+def full_message(context: ContextSession, store_id: int) -> dict[str, Any]:
     """The stored message exactly as ingested: every cut field paged back in full."""
-    text, first = whole_field(engine, store_id)
+    text, first = whole_field(context, store_id)
     message = dict(first["item"]["message"])
     if first["item"].get("content_format") == "json":
         message["content"] = json.loads(text)
     elif isinstance(message.get("content"), str):
         message["content"] = text
     for field in first["item"].get("fields_truncated", []):
-        value, page = whole_field(engine, store_id, field)
+        value, page = whole_field(context, store_id, field)
         message[field] = json.loads(value) if page["item"].get("content_format") == "json" else value
     return {**first["item"], "message": message}
 
@@ -90,19 +92,11 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
     agents = store.sessions.agents() if all_agents else [agent]
     rows = []
     for name in agents:
-        after = None
-        listed = 0
-        while listed < limit:
-            page = store.sessions.list(name, limit=min(100, limit - listed), after_id=after)
-            for s in page:
-                rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
-                             "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
-                             "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
-                             "created_at": s.created_at, "updated_at": s.updated_at})
-            listed += len(page)
-            if not page or len(page) < 100:
-                break
-            after = page[-1].id
+        for s in itertools.islice(store.sessions.each(name), limit):
+            rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
+                         "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
+                         "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
+                         "created_at": s.created_at, "updated_at": s.updated_at})
     if as_json:
         emit_json({"sessions": rows})
         return
@@ -142,10 +136,10 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, session
                  role: str | None, time_from: str | None, time_to: str | None, source: str | None,
                  sort: str, limit: int) -> None:
     """Full-text search of stored messages and summaries (the lcm_grep tool)."""
-    engine = open_engine(url, agent)
+    context = open_context(url, agent)
     if session_key is not None:
-        engine.attach(session_key)
-    res = tool(engine, "lcm_grep", query=query, limit=limit, sort=sort, role=role, source=source,
+        context.attach(session_key)
+    res = tool(context, "lcm_grep", query=query, limit=limit, sort=sort, role=role, source=source,
                session_scope="current" if session_key is not None else "all",
                time_from=_time_arg(time_from), time_to=_time_arg(time_to))
     if as_json:
@@ -177,12 +171,12 @@ def _time_arg(value: str | None) -> Any:
         return value
 
 
-def attach_to_node(engine: Any, node_id: int) -> None:
+def attach_to_node(context: ContextSession, node_id: int) -> None:
     """Bind to the session a node belongs to: the agent tools answer for the current session's
     nodes only, while a person at the command line names any node of the agent."""
-    node = engine.store.summaries.get(node_id, agent=engine.agent_id)
+    node = context.store.summaries.get(node_id, agent=context.agent_id)
     if node is not None:
-        engine.attach(engine.store.sessions.get(node.session_pk).session_key)
+        context.attach(context.store.sessions.get(node.session_pk).session_key)
 
 
 @click.command("describe")
@@ -193,10 +187,10 @@ def attach_to_node(engine: Any, node_id: int) -> None:
 @click.option("--session", "session_key", metavar="ID", help="Default: the agent's most recent session.")
 def describe_command(node: str | None, url: str | None, agent: str, as_json: bool, session_key: str | None) -> None:
     """The summary DAG of a session, or one summary node (NODE: 7 or node:7)."""
-    engine = open_engine(url, agent)
+    context = open_context(url, agent)
     if node is None:
-        engine.attach(session_key or latest_session_key(engine.store, agent))
-        res = tool(engine, "lcm_describe")
+        context.attach(session_key or latest_session_key(context.store, agent))
+        res = tool(context, "lcm_describe")
         if as_json:
             emit_json(res)
             return
@@ -216,10 +210,10 @@ def describe_command(node: str | None, url: str | None, agent: str, as_json: boo
         return
     node_id = _node_id(node)
     if session_key:
-        engine.attach(session_key)
+        context.attach(session_key)
     else:
-        attach_to_node(engine, node_id)
-    res = tool(engine, "lcm_describe", node_id=node_id)
+        attach_to_node(context, node_id)
+    res = tool(context, "lcm_describe", node_id=node_id)
     if as_json:
         emit_json(res)
         return
@@ -256,14 +250,14 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
     if not m:
         raise click.BadParameter(f"{ref!r}: give msg:ID (a stored message) or node:ID (a summary)",
                                  param_hint="REF")
-    engine = open_engine(url, agent)
+    context = open_context(url, agent)
     ident = int(m.group(2))
     if m.group(1) == "msg":
-        item = full_message(engine, ident)
+        item = full_message(context, ident)
         if as_json:
             emit_json(item)
             return
-        text, _ = whole_field(engine, ident)
+        text, _ = whole_field(context, ident)
         if raw:
             click.echo(text, nl=False)
             return
@@ -276,12 +270,12 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
         say("")
         click.echo(text)
         return
-    attach_to_node(engine, ident)
+    attach_to_node(context, ident)
     sources: list[dict[str, Any]] = []
     offset: int | None = 0
     head = None
     while offset is not None:
-        res = tool(engine, "lcm_expand", node_id=ident, source_offset=offset, source_limit=50, max_tokens=16_000)
+        res = tool(context, "lcm_expand", node_id=ident, source_offset=offset, source_limit=50, max_tokens=16_000)
         head = head or res
         sources.extend(res["expanded"])
         offset = res["pagination"]["next_source_offset"]
@@ -321,13 +315,13 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
 def load_command(session_key: str, url: str | None, agent: str, as_json: bool, roles: str | None,
                  max_chars: int, limit: int | None) -> None:
     """A whole session in order (the lcm_load_session tool, every page)."""
-    engine = open_engine(url, agent)
+    context = open_context(url, agent)
     role_list = [r.strip() for r in roles.split(",") if r.strip()] if roles else None
     items: list[dict[str, Any]] = []
     cursor = None
     while True:
         page_size = 200 if limit is None else min(200, limit - len(items))
-        res = tool(engine, "lcm_load_session", session_id=session_key, limit=page_size,
+        res = tool(context, "lcm_load_session", session_id=session_key, limit=page_size,
                    after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
         items.extend(res["messages"])
         cursor = res["next_cursor"]

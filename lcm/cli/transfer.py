@@ -12,7 +12,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lcm.cli.common import agent_option, emit_json, json_option, open_engine, open_store, say, stderr, stdout, url_option
+from lcm.cli.common import agent_option, emit_json, json_option, open_context, open_store, say, stderr, stdout, url_option
+from lcm.context.session import ContextSession
 from lcm.transfer import (
     ImportReport,
     SessionPlan,
@@ -58,7 +59,7 @@ def progress_bar(enabled: bool) -> Any:
                     TimeElapsedColumn(), console=stderr, transient=True)
 
 
-def import_plans(engine: Any, plans: Sequence[SessionPlan], *, compact: bool, show_progress: bool,
+def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compact: bool, show_progress: bool,
                  label: str = "ingest", carry: bool = False,
                  on_session: Callable[[SessionPlan], None] | None = None) -> tuple[list[ImportReport], list[dict[str, Any]]]:
     """Import each session, compacting after every turn as a live host would; returns the
@@ -71,35 +72,35 @@ def import_plans(engine: Any, plans: Sequence[SessionPlan], *, compact: bool, sh
         task = progress.add_task(label, total=total) if progress is not None else None
         for index, plan in enumerate(plans):
             if carry and index > 0:
-                engine.on_session_reset()
-            engine.open_session(plan.session_key, platform=plan.platform, conversation_id=plan.conversation_id)
+                context.reset()
+            context.start(plan.session_key, platform=plan.platform, conversation_id=plan.conversation_id)
             if progress is not None:
                 progress.update(task, description=f"{label} {plan.session_key}")
 
             def after_turn(session: Any, added: int) -> None:
                 if compact and added:
-                    done = engine.compact_stored()
+                    done = context.compact_stored()
                     if done.get("passes"):
                         outcomes.append(done)
                 if progress is not None:
                     progress.advance(task)
 
-            report = import_session(engine.store, engine.agent_id, plan, engine.tokens, after_turn=after_turn)
+            report = import_session(context.store, context.agent_id, plan, context.tokens, after_turn=after_turn)
             if progress is not None and report.added == 0:
                 progress.advance(task, len(turns(plan.entries)))
             if compact:
-                outcomes.extend(settle(engine))
+                outcomes.extend(settle(context))
             reports.append(report)
             if on_session is not None:
                 on_session(plan)
     return reports, outcomes
 
 
-def settle(engine: Any, max_rounds: int = 50) -> list[dict[str, Any]]:
+def settle(context: ContextSession, max_rounds: int = 50) -> list[dict[str, Any]]:
     """Compact until the session fits (or nothing more can be done)."""
     done = []
     for _ in range(max_rounds):
-        outcome = engine.compact_stored()
+        outcome = context.compact_stored()
         if not outcome.get("passes"):
             break
         done.append(outcome)
@@ -125,16 +126,16 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     plans = plan_sessions(transcript, session_key=session_key)
     for plan in plans:
         plan.platform = plan.platform or platform
-    engine = open_engine(url, agent, create=True, context_length=context_length)
-    reports, outcomes = import_plans(engine, plans, compact=not no_compact,
+    context = open_context(url, agent, create=True, context_length=context_length)
+    reports, outcomes = import_plans(context, plans, compact=not no_compact,
                                      show_progress=not as_json and bool(plans))
     if any(r.added for r in reports):
-        engine.store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
+        context.store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
     depth_counts = {}
     for plan in plans:
-        session = engine.store.sessions.find(engine.agent_id, plan.session_key)
-        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in engine.store.summaries.depth_stats(session.id)}
-    result = {"source": transcript.source, "agent": engine.agent_id,
+        session = context.store.sessions.find(context.agent_id, plan.session_key)
+        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in context.store.summaries.depth_stats(session.id)}
+    result = {"source": transcript.source, "agent": context.agent_id,
               "skipped": [{transcript.unit: w, "reason": why} for w, why in transcript.skipped],
               "sessions": [{"session_id": r.session_key, "in_file": r.in_file, "already_stored": r.already_stored,
                             "added": r.added, "not_stored": r.dropped, "summaries": depth_counts[r.session_key]}

@@ -137,7 +137,7 @@ class SessionRepository:
             raise NotFoundError(f"session {session_pk} not found")
         return session_record(row)
 
-    def list(self, agent: str, *, limit: int = SESSION_PAGE, after_id: int | None = None) -> list[SessionRecord]:
+    def of_agent(self, agent: str, *, limit: int = SESSION_PAGE, after_id: int | None = None) -> list[SessionRecord]:
         """The agent's sessions, oldest first, paged by internal id."""
         checked_int("limit", limit, low=1, high=MAX_PAGE_LIMIT)
         with self._core.read() as conn:
@@ -150,11 +150,11 @@ class SessionRepository:
             rows = conn.execute(stmt.order_by(sessions_t.c.id).limit(limit)).all()
         return [session_record(r) for r in rows]
 
-    def iterate(self, agent: str) -> Iterator[SessionRecord]:
+    def each(self, agent: str) -> Iterator[SessionRecord]:
         """Every session of the agent, oldest first, read a page at a time."""
         after = None
         while True:
-            page = self.list(agent, limit=SESSION_PAGE, after_id=after)
+            page = self.of_agent(agent, limit=SESSION_PAGE, after_id=after)
             yield from page
             if len(page) < SESSION_PAGE:
                 return

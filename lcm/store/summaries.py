@@ -272,7 +272,7 @@ class SummaryRepository:
         with self._core.read() as conn:
             return [summary_record(r) for r in conn.execute(_uncondensed_select(session_pk)).all()]
 
-    def list(self, session_pk: int, *, depth: int | None = None, limit: int = 100,
+    def of_session(self, session_pk: int, *, depth: int | None = None, limit: int = 100,
              after_first_seq: int | None = None) -> list[SummaryRecord]:
         """The session's summaries (of one depth when given) in conversation order, paged."""
         checked_int("limit", limit, low=1, high=MAX_PAGE_LIMIT)

@@ -19,12 +19,15 @@ as lcm can make it. A verbatim message is never edited, split or invented.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from lcm.context.planning import TailPlan
+from lcm.context.ports import MessagePort
 from lcm.messages import clean_message, message_text
-from lcm.records import MessageRecord, SummaryRecord
+from lcm.records import MessageRecord, SessionRecord, SummaryRecord
 from lcm.tokens import TokenCounter
 from lcm.transcript import COMPRESSED_SUMMARY_KEY, CUT_NOTE, SUMMARY_ACK, SUMMARY_END, SUMMARY_MARKER
 
@@ -38,17 +41,8 @@ PREAMBLE = (
 
 
 ACK_MESSAGE: dict[str, Any] = {"role": "assistant", "content": SUMMARY_ACK, COMPRESSED_SUMMARY_KEY: True}
-#: Estimated framing cost in the summary message: per node (its tag line) and once (marker,
-#: preamble, end line). Used to predict a context's size without rendering it.
-NODE_FRAMING_TOKENS = 40
-SUMMARY_FRAMING_TOKENS = 160
-
-
-def summary_message_cost(count: int, tokens: int) -> int:
-    """Estimated tokens of a summary message holding ``count`` nodes of ``tokens`` in all."""
-    if count <= 0:
-        return 0
-    return SUMMARY_FRAMING_TOKENS + tokens + count * NODE_FRAMING_TOKENS
+#: How far before the tail the backlog of a huge raw region is looked at (see ``load_raw``).
+BACKLOG_LOOKBACK = 5000
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,6 @@ class Assembly:
     raw_first_seq: int | None  # seq of the first verbatim message included
     omitted_raw: tuple[int, int, int] | None  # (first seq, last seq, count) left out
     omitted_summaries: int
-    summary_nodes: tuple[int, ...]
     over_budget: bool
     included: tuple[MessageRecord, ...] = ()  # the stored messages in ``messages``, in order
     #: Messages too large for the window, handed back cut: (the cut copy in ``messages``, the
@@ -135,7 +128,7 @@ def assemble(
     cuts: dict[int, dict[str, Any]] = {}  # raw index -> its cut copy (see cut_to_fit)
     sizes = list(raw_tokens)
 
-    def build(start: int, keep_nodes: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict], int]:
+    def build(start: int, keep_nodes: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict[str, Any]], int]:
         omitted = omitted_at(start)
         out: list[dict[str, Any]] = [clean_message(system)] if system is not None else []
         total = overhead + sys_tokens + sum(sizes[start:])
@@ -154,7 +147,7 @@ def assemble(
         return Assembly(
             messages=out, tokens=total, raw_first_seq=raw[start].seq if start < len(raw) else None,
             omitted_raw=omitted_at(start),
-            omitted_summaries=dropped, summary_nodes=tuple(n.id for n in keep), over_budget=over,
+            omitted_summaries=dropped, over_budget=over,
             included=tuple(raw[start:]),
             cut=tuple((cuts[i], raw[i]) for i in sorted(cuts) if i >= start))
 
@@ -216,3 +209,41 @@ def cut_message(record: MessageRecord, keep_chars: int) -> dict[str, Any]:
     note = (f"\n{CUT_NOTE} {left_out:,} characters of this message are left out here to fit the "
             f"context window; lcm_expand(store_id={record.store_id}) returns it whole]\n")
     return {**record.message, "content": text[:head] + note + (text[-tail:] if tail else "")}
+
+
+@dataclass(frozen=True)
+class RawPart:
+    """The raw messages an assembly starts from, and the older ones it did not load."""
+
+    records: list[MessageRecord]
+    skipped: tuple[int, int, int] | None  # (first seq, last seq, count) not loaded: cannot fit
+
+
+def load_raw(messages: MessagePort, session: SessionRecord, plan: TailPlan, budget: int | None) -> RawPart:
+    """The raw messages to assemble from: the whole raw region, or, when it is far beyond the
+    budget (a backlog: an import not compacted yet), only from a turn start no further back
+    than what could still fit. What the tail plan read already is not read again."""
+    first_raw = load_from = session.covered_seq + 1
+    if budget is not None and session.raw_tokens > 2 * budget:
+        load_from = _backlog_start(messages, session, plan, budget)
+    skipped = (first_raw, load_from - 1, load_from - first_raw) if load_from > first_raw else None
+    if plan.holds(load_from):
+        return RawPart(plan.loaded(load_from), skipped)
+    return RawPart(messages.get_range(session.id, first_seq=load_from, last_seq=plan.last_seq), skipped)
+
+
+def _backlog_start(messages: MessagePort, session: SessionRecord, plan: TailPlan, budget: int) -> int:
+    """Where to start loading when the raw region is far beyond the budget: at a turn start
+    (an assistant message) no further back than what could still fit."""
+    tail_start = plan.tail_start
+    floor = max(session.covered_seq + 1, tail_start - BACKLOG_LOOKBACK)
+    metas: list[Any] = plan.loaded(max(floor, plan.loaded_from), tail_start - 1)
+    if plan.loaded_from > floor and sum(m.token_count for m in metas) <= budget:
+        metas = messages.metas(session.id, first_seq=floor, last_seq=plan.loaded_from - 1) + metas
+    acc, cut = 0, 0
+    for i in range(len(metas) - 1, -1, -1):
+        acc += metas[i].token_count
+        if acc > budget:
+            cut = i + 1
+            break
+    return next((m.seq for m in metas[cut:] if m.role == "assistant"), tail_start)

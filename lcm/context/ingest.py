@@ -13,7 +13,7 @@ usable role): that one is skipped, counted on the session (``skipped_count``) an
 and the rest of the transcript is stored as usual. A value JSON cannot hold never stops a
 message: it is stored as well as it can be, with the change recorded on the row.
 
-Alignment, decided under the lock of the session's family (``Store.session_family``: a row
+Alignment, decided under the lock of the session's family (``store.sessions.family``: a row
 lock on PostgreSQL, the write lock on SQLite), against what is stored, never against this
 process's memory alone. The transcript is matched against the stored history (the session's
 newest messages, reaching back to where the host's view starts, ``host_view_seq``, and for a
@@ -48,13 +48,13 @@ import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from lcm.errors import ConcurrentUpdateError
-from lcm.messages import chain_identity, content_hash, message_uid, uid_identity, unstorable_reason
-from lcm.prepare import PreparedMessage, prepare_messages
+from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
+from lcm.context.ports import StorePorts
+from lcm.prepare import PreparedMessage, message_identity, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
-from lcm.store import Store
 from lcm.tokens import TokenCounter
 from lcm.transcript import conversation_of, recall_call_ids, split_transcript
 
@@ -80,8 +80,7 @@ class IngestResult:
     conversation: list[Mapping[str, Any]]  # the stored (storable) conversation messages
     store_ids: list[int]  # one per conversation message
     token_counts: list[int]  # lcm's token count per conversation message
-    new: int
-    summaries_seen: int  # lcm's own messages found (and not stored)
+    added: int  # messages this call stored
     skipped: int = 0  # messages that cannot be stored at all, in this transcript
     forked: bool = False  # this call started a new fork
     #: The transcript ends at the session's last stored message. False: the host is behind
@@ -91,7 +90,10 @@ class IngestResult:
 
 
 @dataclass
-class _Seen:
+class HostView:
+    """The transcript a host held at its last ingest (per session), for the fast path: the
+    host's next transcript normally is this one plus new messages."""
+
     objects: list[Any]  # the host's storable conversation messages (kept alive: `is` is sound)
     store_ids: list[int]
     token_counts: list[int]
@@ -100,10 +102,9 @@ class _Seen:
     #: message (the fast path may append after it), else None.
     end_seq: int | None
     end_identity: str
-    new: int = 0
+    added: int = 0
     host: list[Any] = field(default_factory=list)  # the host's whole list, system and lcm's too
     system: Any = None
-    summaries: int = 0
     recall: frozenset[str] = frozenset()
     skipped: int = 0
     forked: bool = False
@@ -128,10 +129,20 @@ class _Plan:
     sure: bool = True
 
 
-class _Reader:
-    """The reads alignment needs, outside a transaction (the optimistic first plan)."""
+class AlignmentReads(Protocol):
+    """What alignment reads: ``_Reader`` outside the lock, ``FamilyPort`` under it."""
 
-    def __init__(self, store: Store):
+    def session(self, pk: int) -> SessionRecord: ...
+    def metas(self, pk: int, first_seq: int, last_seq: int) -> list[MessageMeta]: ...
+    def forks(self, pk: int, fork_seq: int) -> list[SessionRecord]: ...
+    def seq_of_identity(self, pk: int, identity: str) -> int | None: ...
+
+
+class _Reader:
+    """The reads alignment needs, outside a transaction (the optimistic first plan); the same
+    methods as ``FamilyPort`` offers under the lock."""
+
+    def __init__(self, store: StorePorts):
         self.store = store
 
     def session(self, pk: int) -> SessionRecord:
@@ -149,12 +160,12 @@ class _Reader:
 
 @dataclass
 class Ingestor:
-    store: Store
+    store: StorePorts
     tokens: TokenCounter = field(default_factory=TokenCounter)
     own: Callable[[Any], bool] = field(default=lambda m: False)
     #: The alignment key of the stored message a cut copy lcm handed out stands for, else None.
     stands_for: Callable[[Any], str | None] = field(default=lambda m: None)
-    _cache: dict[int, _Seen] = field(default_factory=dict)
+    _cache: dict[int, HostView] = field(default_factory=dict)
     _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -169,20 +180,18 @@ class Ingestor:
         """Record the transcript the host now holds: ``host`` is the context lcm just returned
         and ``records`` its verbatim messages (their ``message`` objects, which the host keeps
         appending after)."""
-        system, conversation = split_transcript(host, self.own)
-        tail = self.store.messages.tail(session.id, 1)
-        end = tail[-1] if tail else None
-        extendable = end is not None and bool(records) and records[-1].store_id == end.store_id
+        system, _ = split_transcript(host, self.own)
+        # ``session`` is as the hand-over left it: another writer's message after ours means
+        # the host is not at the end (its next turn aligns again).
+        end = records[-1] if records and records[-1].seq == session.last_seq else None
         objects = [r.message for r in records]
         with self._lock:
-            self._cache[session.id] = _Seen(
+            self._cache[session.id] = HostView(
                 objects=objects, store_ids=[r.store_id for r in records],
                 token_counts=[r.token_count for r in records], session=session,
-                end_seq=end.seq if extendable and end else None,
-                end_identity=end.identity if extendable and end else "",
-                host=list(host), system=system,
-                summaries=len(host) - len(conversation) - (1 if system is not None else 0),
-                recall=recall_call_ids(objects))
+                end_seq=end.seq if end is not None else None,
+                end_identity=end.identity if end is not None else "",
+                host=list(host), system=system, recall=recall_call_ids(objects))
 
     def ingest(self, session_pk: int, messages: Sequence[Any]) -> IngestResult:
         with self._lock:
@@ -197,18 +206,17 @@ class Ingestor:
 
     # ------------------------------------------------------------------ the fast path
 
-    def _extend(self, seen: _Seen, appended: list[Any]) -> _Seen | None:
+    def _extend(self, seen: HostView, appended: list[Any]) -> HostView | None:
         """The host appended to the transcript lcm saw last: store just the new messages, if
         the transcript ended at the session's last message and nobody wrote since (else None:
         align again)."""
         extra = conversation_of(appended, self.own)
-        summaries = seen.summaries + len(appended) - len(extra)
         good, bad = _partition(extra)
         unnoted = self._unnoted(seen.session, bad)
         if not good:
             self._count_skipped(seen.session, unnoted)
-            return _Seen(seen.objects, seen.store_ids, seen.token_counts, seen.session,
-                         seen.end_seq, seen.end_identity, 0, summaries=summaries,
+            return HostView(seen.objects, seen.store_ids, seen.token_counts, seen.session,
+                         seen.end_seq, seen.end_identity, 0,
                          recall=seen.recall, skipped=seen.skipped + len(bad), sure=seen.sure)
         if seen.end_seq is None or not seen.sure:
             return None
@@ -220,10 +228,10 @@ class Ingestor:
         except ConcurrentUpdateError:
             return None
         self._count_skipped(result.session, unnoted)
-        extended = _Seen(seen.objects + good, seen.store_ids + list(result.store_ids),
+        extended = HostView(seen.objects + good, seen.store_ids + list(result.store_ids),
                          seen.token_counts + list(result.token_counts), result.session,
                          result.session.last_seq, result.last_identity, len(good),
-                         summaries=summaries, recall=recall, skipped=seen.skipped + len(bad))
+                         recall=recall, skipped=seen.skipped + len(bad))
         self._cache[result.session.id] = extended
         if result.inserted:
             log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,
@@ -232,9 +240,8 @@ class Ingestor:
 
     # ------------------------------------------------------------------ full alignment
 
-    def _ingest(self, session_pk: int, messages: Sequence[Any]) -> _Seen:
+    def _ingest(self, session_pk: int, messages: Sequence[Any]) -> HostView:
         system, conversation = split_transcript(messages, self.own)
-        summaries = len(messages) - len(conversation) - (1 if system is not None else 0)
         good, bad = _partition(conversation)
         keys = [self.stands_for(m) or message_key(m, content_hash(m)) for m in good]
         recall = recall_call_ids(good)
@@ -273,10 +280,10 @@ class Ingestor:
             log.debug("lcm ingest: %d new message(s) in session %s", len(plan.new_idx), target.session_key)
         last = plan.mapped[-1] if plan.mapped else None
         extendable = last is not None and last == end_id
-        seen = _Seen(list(good), [int(s) for s in plan.mapped], [int(t or 0) for t in plan.tokens],
+        seen = HostView(list(good), [int(s) for s in plan.mapped], [int(t or 0) for t in plan.tokens],
                      target, target.last_seq if extendable else None,
                      end_identity if extendable else "", len(plan.new_idx),
-                     host=list(messages), system=system, summaries=summaries, recall=recall,
+                     host=list(messages), system=system, recall=recall,
                      skipped=len(bad), forked=forked, sure=plan.sure)
         self._cache[target.id] = seen
         return seen
@@ -315,10 +322,10 @@ class Ingestor:
                         unstorable_reason(message))
 
     @staticmethod
-    def _result(seen: _Seen) -> IngestResult:
+    def _result(seen: HostView) -> IngestResult:
         return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
                             store_ids=seen.store_ids, token_counts=seen.token_counts,
-                            new=seen.new, summaries_seen=seen.summaries, skipped=seen.skipped,
+                            added=seen.added, skipped=seen.skipped,
                             forked=seen.forked, at_end=seen.end_seq is not None)
 
 
@@ -339,7 +346,7 @@ class _Lineage:
         self.owners[:0] = [owner] * len(metas)
 
 
-def _lineage(reader: Any, session: SessionRecord, want: int, from_seq: int | None = None) -> _Lineage:
+def _lineage(reader: AlignmentReads, session: SessionRecord, want: int, from_seq: int | None = None) -> _Lineage:
     """``from_seq``: a window of ``want`` messages from there instead (a host far behind the
     stored end; the window still holds more than the transcript, so matching never mistakes
     its end for the session's)."""
@@ -360,7 +367,7 @@ def _lineage(reader: Any, session: SessionRecord, want: int, from_seq: int | Non
     return lineage
 
 
-def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
+def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan:
     session = reader.session(session_pk)
     n = len(keys)
     mapped: list[int | None] = [None] * n
@@ -383,7 +390,7 @@ def _plan(reader: Any, session_pk: int, keys: Sequence[str]) -> _Plan:
         # second host resuming an old copy) may start where the session starts: its first
         # message's identity, chained from the start as ingest chains it, says so in one
         # index look-up.
-        first_identity = keys[0] if keys[0].startswith("u") else chain_identity("", keys[0])
+        first_identity = keys[0] if keys[0].startswith("u") else message_identity("", keys[0], None)
         seq = reader.seq_of_identity(session.id, first_identity)
         if seq is not None:
             lineage = _lineage(reader, session, n + WINDOW_SLACK, from_seq=seq)

@@ -1,4 +1,4 @@
-"""lcm inside Hermes: the engine the plugin registers, and ``lcm hermes install / uninstall``.
+"""``lcm hermes install / uninstall``: put lcm into a Hermes home, or take it out again.
 
 Install puts the plugin (``hermes_plugin/`` of this package) into ``<home>/plugins/lcm/``, adds
 ``lcm`` to ``plugins.enabled`` and sets ``context.engine: lcm`` in ``<home>/config.yaml``. It
@@ -11,6 +11,7 @@ The YAML is edited round-trip (comments and key order kept).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -21,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lcm.config import database_url_from_env, hermes_home_from_env
 from lcm.errors import ConfigError
+from lcm.store import Store
+from lcm.store.connection import display_url, resolve_url
 
 log = logging.getLogger("lcm")
 
@@ -30,38 +34,9 @@ STATE_FILE = "install-state.json"
 PLUGIN_FILES = ("plugin.yaml", "__init__.py")
 
 
-# --------------------------------------------------------------------------- runtime
-
-
-def hermes_home() -> Path | None:
-    """The running Hermes' home (its own resolver when importable), else $HERMES_HOME."""
-    try:
-        from hermes_constants import get_hermes_home  # type: ignore[import-not-found]
-
-        return Path(get_hermes_home())
-    except Exception:  # noqa: BLE001 - not inside Hermes
-        env = os.environ.get("HERMES_HOME")
-        return Path(env).expanduser() if env else None
-
-
-def build_engine(ctx: Any = None) -> Any:
-    """The engine the plugin registers: settings from the environment (Hermes has loaded its
-    ``.env`` by then), the database in the Hermes home unless ``LCM_DATABASE_URL`` says
-    otherwise, the agent scope from the profile. No I/O here."""
-    from lcm.engine import LcmEngine
-
-    home = hermes_home()
-    kwargs: dict[str, Any] = {"inside_hermes": True}
-    if home is not None:
-        kwargs["hermes_home"] = str(home)
-    return LcmEngine(**kwargs)
-
-
-# --------------------------------------------------------------------------- install
-
-
 def default_home(profile: str | None = None) -> Path:
-    base = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes").expanduser()
+    """The Hermes home to install into: $HERMES_HOME, else ``~/.hermes`` (or its profile)."""
+    base = hermes_home_from_env() or Path.home() / ".hermes"
     if profile:
         root = base.parent.parent if base.parent.name == "profiles" else base
         return root / "profiles" / profile
@@ -70,10 +45,11 @@ def default_home(profile: str | None = None) -> Path:
 
 def plugin_source() -> Path:
     """The plugin files: shipped inside the wheel, or ``hermes_plugin/`` of a checkout."""
-    packaged = Path(__file__).resolve().parent / "_hermes_plugin"
+    package = Path(__file__).resolve().parent.parent  # lcm/
+    packaged = package / "_hermes_plugin"
     if (packaged / "__init__.py").is_file():
         return packaged
-    checkout = Path(__file__).resolve().parent.parent / "hermes_plugin"
+    checkout = package.parent / "hermes_plugin"
     if (checkout / "__init__.py").is_file():
         return checkout
     raise ConfigError("lcm's Hermes plugin files are missing from this installation; reinstall lossless-context")
@@ -129,8 +105,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _dump(data: Any) -> str:
-    import io
-
     out = io.StringIO()
     _yaml().dump(data, out)
     return out.getvalue()
@@ -178,12 +152,8 @@ def _database_for(home: Path) -> str:
     if env_file.is_file():
         for line in env_file.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.strip().startswith("LCM_DATABASE_URL="):
-                from lcm.store.connection import display_url, resolve_url
-
                 return display_url(resolve_url(line.split("=", 1)[1].strip().strip("'\"")))
-    if os.environ.get("LCM_DATABASE_URL"):
-        from lcm.store.connection import display_url, resolve_url
-
+    if database_url_from_env():
         return display_url(resolve_url(None)) + " (from LCM_DATABASE_URL in this shell: set it for Hermes too)"
     return str(home / "lcm.db")
 
@@ -209,6 +179,7 @@ def _hermes_importable() -> bool:
 
 
 def install(home: Path, *, database_url: str | None = None) -> SetupReport:
+    """Put lcm into the Hermes home (see the module docstring); idempotent."""
     home = home.expanduser()
     if not home.is_dir():
         raise ConfigError(f"no Hermes home at {home} (run hermes once to create it, or pass --hermes-home)")
@@ -217,10 +188,19 @@ def install(home: Path, *, database_url: str | None = None) -> SetupReport:
     manifest = plugin_dir / "plugin.yaml"
     if plugin_dir.exists() and manifest.is_file() and "name: lcm" not in manifest.read_text(encoding="utf-8"):
         raise ConfigError(f"{plugin_dir} holds another plugin; move it away first")
-    state_path = plugin_dir / STATE_FILE
-    state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
+    _install_plugin_files(plugin_dir, report)
+    _enable_in_config(home, plugin_dir / STATE_FILE, report)
+    _prepare_database(home, database_url, report)
+    if not _hermes_importable():
+        report.warnings.append(
+            f"Hermes is not importable from this Python ({sys.executable}): lcm must be installed "
+            "into the environment that runs hermes, or the plugin cannot load "
+            "(<hermes python> -m pip install lossless-context, then run lcm hermes install from there)")
+    return report
 
-    # 1. the plugin files
+
+def _install_plugin_files(plugin_dir: Path, report: SetupReport) -> None:
+    """The plugin's files in ``<home>/plugins/lcm/`` (rewritten only when they differ)."""
     source = plugin_source()
     plugin_dir.mkdir(parents=True, exist_ok=True)
     for name in PLUGIN_FILES:
@@ -229,14 +209,18 @@ def install(home: Path, *, database_url: str | None = None) -> SetupReport:
             shutil.copyfile(src, dst)
             report.changes.append(f"wrote {dst}")
 
-    # 2. config.yaml: enable the plugin, select the engine, disable rival engine plugins
+
+def _enable_in_config(home: Path, state_path: Path, report: SetupReport) -> None:
+    """config.yaml: enable the plugin, select the engine, disable rival engine plugins; what
+    was replaced is recorded in the install state for ``uninstall``."""
+    from ruamel.yaml.comments import CommentedSeq
+
+    state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
     config = _load_config(report.config)
     before = _dump(config)
     plugins = _section(config, "plugins")
     enabled = plugins.get("enabled")
     if not isinstance(enabled, list):
-        from ruamel.yaml.comments import CommentedSeq
-
         enabled = CommentedSeq()
         plugins["enabled"] = enabled
     rivals = sorted(r for r in _rival_engine_plugins(home) if r in enabled)
@@ -259,22 +243,16 @@ def install(home: Path, *, database_url: str | None = None) -> SetupReport:
         _write_atomic(report.config, _dump(config))
     state_path.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
 
-    # 3. the database
-    if database_url:
-        from lcm.store.connection import display_url, resolve_url
-        from lcm.store import Store
 
-        Store.open(database_url, upgrade=True)  # create or upgrade it now: an operator's step
+def _prepare_database(home: Path, database_url: str | None, report: SetupReport) -> None:
+    """A given database is created or upgraded now (an operator's step) and written to the
+    home's .env; otherwise the report names the one Hermes will use."""
+    if database_url:
+        Store.open(database_url, upgrade=True)
         _set_env_line(home, "LCM_DATABASE_URL", database_url, report)
         report.database = display_url(resolve_url(database_url))
     else:
         report.database = _database_for(home)
-    if not _hermes_importable():
-        report.warnings.append(
-            f"Hermes is not importable from this Python ({sys.executable}): lcm must be installed "
-            "into the environment that runs hermes, or the plugin cannot load "
-            "(<hermes python> -m pip install lossless-context, then run lcm hermes install from there)")
-    return report
 
 
 def uninstall(home: Path) -> SetupReport:

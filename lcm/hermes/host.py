@@ -8,10 +8,11 @@ context engine (``isinstance`` checks pass, defaults come from the host), and ou
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
+
+from lcm.config import hermes_home_from_env
 
 
 def _hermes_base() -> type | None:
@@ -95,8 +96,8 @@ HERMES_AVAILABLE = HermesContextEngine is not None
 
 def hermes_home_from(kwargs: dict[str, Any]) -> Path | None:
     """The Hermes home of this process: the ``hermes_home`` the host passed, else $HERMES_HOME."""
-    home = kwargs.get("hermes_home") or os.environ.get("HERMES_HOME")
-    return Path(home).expanduser() if home else None
+    home = kwargs.get("hermes_home")
+    return Path(home).expanduser() if home else hermes_home_from_env()
 
 
 def profile_name(hermes_home: Path | None) -> str:

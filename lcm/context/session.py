@@ -1,0 +1,464 @@
+"""``ContextSession``: one conversation's context, host-neutral.
+
+A host adapter (``lcm.hermes`` for Hermes; the command line) binds it to a session
+(:meth:`ContextSession.start`) and hands it the live transcript each turn
+(:meth:`ContextSession.turn`): every message is stored exactly once (``lcm.context.ingest``),
+the oldest raw messages are compacted into the summary DAG when the context nears the window
+(``lcm.context.compactor``), and the context handed back is assembled from summaries and the
+verbatim fresh tail (``lcm.context.assembly``). It reaches the database only through the
+storage ports (``lcm.context.ports``), knows no host, and raises what fails: catching is the
+adapter's job (a host must never see an exception from its context engine).
+
+Construction does no I/O: the store opens on first use (``open_store``). Not thread-safe: an
+adapter serving several threads holds a lock around every call, as the Hermes adapter does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lcm.config import LcmConfig
+from lcm.context.assembly import Assembly, assemble, load_raw
+from lcm.context.budget import Window, context_estimate, planning_config
+from lcm.context.compactor import Compactor
+from lcm.context.ingest import IngestResult, Ingestor, message_key
+from lcm.context.planning import TailPlan, condensable, tail_start_index
+from lcm.context.ports import StorePorts
+from lcm.context.summarize import HostRoute, Summarizer
+from lcm.errors import InvalidMessageError, LcmError, NotFoundError
+from lcm.messages import content_hash, message_text
+from lcm.records import CompactionView, SessionRecord
+from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
+from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
+
+log = logging.getLogger("lcm")
+
+DEFAULT_SESSION_KEY = "default"
+DEFAULT_AGENT = "default"
+#: Host-supplied session attributes are cut to what their columns hold.
+PLATFORM_CHARS = 64
+CONVERSATION_ID_CHARS = 255
+
+
+@dataclass
+class Usage:
+    """What the host's model reported for its last call (``-1``: unknown since a compaction)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def update(self, usage: Mapping[str, Any]) -> None:
+        prompt = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        self.prompt_tokens, self.completion_tokens = prompt, completion
+        self.total_tokens = int(usage.get("total_tokens") or prompt + completion)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A session start to make (again, after a failure): the host's key and what it said."""
+
+    session_key: str
+    platform: str | None = None
+    conversation_id: str | None = None
+    continues: str | None = None  # the host key this session continues under a new one
+
+
+def short(value: Any, limit: int) -> str | None:
+    """A host-supplied attribute: a non-blank string cut to ``limit`` characters, else None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value.strip()[:limit]
+
+
+def _worth_keeping(outcome: Mapping[str, Any]) -> bool:
+    """Persist an outcome that says something (a "not needed" every turn would be a write per
+    turn for nothing)."""
+    return not (outcome.get("status") == "not_needed" and not outcome.get("passes"))
+
+
+class ContextSession:
+    """A conversation's context over a store: ingest, compact, assemble, hand over."""
+
+    def __init__(self, config: LcmConfig, store: StorePorts | None = None, *,
+                 open_store: Callable[[], StorePorts] | None = None,
+                 summarizer: Summarizer | None = None, tokens: TokenCounter | None = None,
+                 host_route: HostRoute | None = None, agent_id: str | None = None,
+                 context_length: int = 0, model: str | None = None):
+        if store is None and open_store is None:
+            raise ValueError("a ContextSession needs a store or a way to open one (open_store)")
+        self.config = config
+        self.window = Window.from_config(config, context_length)
+        self.model = model
+        self.agent_id = agent_id or config.agent_id or DEFAULT_AGENT
+        self.usage = Usage()
+        #: Contexts handed to the host with something compacted away (the host's count).
+        self.compactions = 0
+        #: The session this context is bound to (None until a start or first use).
+        self.current: SessionRecord | None = None
+        self.last_outcome: dict[str, Any] | None = None
+        self.last_error: str | None = None
+        #: Tokens the host adds around the transcript (its tools, its framing), learned from
+        #: the prompt sizes it reports.
+        self.overhead = 0
+        self._store = store
+        self._open_store = open_store
+        self._summarizer = summarizer
+        #: The host's own LLM route for summaries (taken when the summarizer is first made).
+        self.host_route = host_route
+        self._tokens = tokens
+        #: A session start that failed (database locked or down): retried on next use, so the
+        #: host's messages never land in another session meanwhile.
+        self._pending_start: StartRequest | None = None
+        self._own: OwnMessages | None = None
+        self._ingestor: Ingestor | None = None
+        self._carry_from: int | None = None
+        self._stalled_at: int | None = None  # context size at which compaction last found nothing
+        self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
+
+    def clone(self) -> "ContextSession":
+        """A fresh context for another agent or copy of the host: same settings, store,
+        tokenizer and window, none of this one's session state."""
+        twin = ContextSession(self.config, self._store, open_store=self._open_store,
+                              tokens=self._tokens, host_route=self.host_route,
+                              agent_id=self.agent_id, model=self.model)
+        twin.window = copy.copy(self.window)
+        return twin
+
+    # ------------------------------------------------------------------ lazily made parts
+
+    @property
+    def store(self) -> StorePorts:
+        if self._store is None:
+            assert self._open_store is not None  # checked in __init__
+            self._store = self._open_store()
+        return self._store
+
+    @property
+    def store_opened(self) -> bool:
+        return self._store is not None
+
+    @property
+    def tokens(self) -> TokenCounter:
+        if self._tokens is None:
+            self._tokens = TokenCounter(self.model)
+        return self._tokens
+
+    @property
+    def summarizer(self) -> Summarizer:
+        if self._summarizer is None:
+            self._summarizer = Summarizer(self.config, self.tokens, host_route=self.host_route)
+        return self._summarizer
+
+    @property
+    def own_messages(self) -> OwnMessages:
+        """Recognises the messages lcm generated (by digest, never by their text)."""
+        if self._own is None:
+            agent = self.agent_id
+            self._own = OwnMessages(lambda digests: self.store.messages.generated(agent, digests))
+        return self._own
+
+    @property
+    def ingestor(self) -> Ingestor:
+        if self._ingestor is None:
+            self._ingestor = Ingestor(self.store, self.tokens, own=self.own_messages,
+                                      stands_for=self.own_messages.stands_for)
+        return self._ingestor
+
+    @property
+    def compactor(self) -> Compactor:
+        return Compactor(self.store, self.summarizer, planning_config(self.config, self.window))
+
+    def set_model(self, model: str | None, context_length: int) -> None:
+        """The host's model and its window (a model switch, or a smaller window after a
+        context-length error)."""
+        self.model = model or self.model
+        self.window.resize(context_length)
+
+    # ------------------------------------------------------------------ binding to a session
+
+    @property
+    def session(self) -> SessionRecord:
+        """The bound session. A session start that failed is retried here (and raises again
+        while the database is still unavailable): the host's messages never go to another
+        session. Bound to ``default`` only when the host never started one."""
+        if self.current is None and self._pending_start is not None:
+            self._start(self._pending_start)
+        if self.current is None:
+            self.current = self.store.sessions.get_or_create(self.agent_id, DEFAULT_SESSION_KEY)
+        return self.current
+
+    def start(self, session_key: str | None, *, platform: str | None = None,
+              conversation_id: str | None = None, continues: str | None = None) -> SessionRecord:
+        """Bind to the host's session ``session_key`` (created on first use). ``continues``: the
+        host key of the conversation this one continues under a new key (the same session,
+        reached by both keys from now on). After :meth:`reset`, the new session starts with the
+        previous one's summaries (``LCM_NEW_SESSION_RETAIN_DEPTH``)."""
+        self.current = None
+        request = StartRequest(str(session_key or DEFAULT_SESSION_KEY), short(platform, PLATFORM_CHARS),
+                               short(conversation_id, CONVERSATION_ID_CHARS), continues or None)
+        self._start(request)
+        assert self.current is not None
+        return self.current
+
+    def _start(self, request: StartRequest) -> None:
+        self._pending_start = request
+        sessions = self.store.sessions
+        if request.continues is not None:
+            found = sessions.find(self.agent_id, request.continues)
+            if found is not None:  # the same conversation continues under a new host key
+                self.current = sessions.alias(self.agent_id, request.session_key, found.id)
+                self._pending_start = None
+                return
+        session = sessions.get_or_create(self.agent_id, request.session_key, platform=request.platform,
+                                         conversation_id=request.conversation_id)
+        if self._carry_from is not None and self._carry_from != session.id:
+            self._carry(self._carry_from, session)
+        self._carry_from = None
+        self.current = session
+        self._pending_start = None
+
+    def attach(self, session_key: str) -> SessionRecord:
+        """Bind to an existing session of this agent (never creating one): the command line's
+        way in. NotFoundError when the agent has no such session."""
+        found = self.store.sessions.find(self.agent_id, str(session_key))
+        if found is None:
+            raise NotFoundError(f"agent {self.agent_id!r} has no session {session_key!r} "
+                                "(lcm sessions lists them)")
+        self.current, self._handed = found, None
+        return found
+
+    def reset(self) -> None:
+        """The host starts a new conversation (/new): the next session carries this one's
+        summaries; nothing about this one is kept in memory."""
+        self._pending_start = None
+        if self.current is not None:
+            self._carry_from = self.current.id
+            if self._ingestor is not None:
+                self._ingestor.forget(self.current.id)
+        self.current = None
+        self.last_outcome = None
+        self._handed = None
+        self.usage = Usage()
+        self.compactions = 0
+
+    def _carry(self, from_pk: int, to: SessionRecord) -> None:
+        """/new: the next session starts with the old one's summaries of depth >= retain depth."""
+        depth = self.config.new_session_retain_depth
+        if depth == 0:
+            return
+        summaries = self.store.summaries
+        nodes = summaries.carried(from_pk) + summaries.uncondensed(from_pk)
+        keep = [n for n in nodes if depth < 0 or n.depth >= depth]
+        if keep:
+            summaries.carry(to.id, [n.id for n in keep])
+            log.info("lcm: carried %d summaries into the new session %s", len(keep), to.session_key)
+
+    def carry_over(self, old_key: str, new_key: str) -> None:
+        """Carry the summaries of the agent's session ``old_key`` into ``new_key`` (a host's
+        explicit /new with carry-over)."""
+        old = self.store.sessions.find(self.agent_id, str(old_key))
+        new = self.store.sessions.find(self.agent_id, str(new_key))
+        if old is not None and new is not None and old.id != new.id:
+            self._carry(old.id, new)
+
+    def find(self, session_key: str) -> SessionRecord | None:
+        """The agent's session with this host key (or alias), or None."""
+        if self.current is not None and session_key in self.store.sessions.keys(self.current.id):
+            return self.current
+        return self.store.sessions.find(self.agent_id, str(session_key)) if session_key else None
+
+    # ------------------------------------------------------------------ each turn
+
+    def ingest(self, messages: Sequence[Any]) -> IngestResult:
+        """Store the host's transcript (each message exactly once) in the bound session."""
+        result = self.ingestor.ingest(self.session.id, messages)
+        self.current = result.session
+        return result
+
+    def ingest_into(self, session: SessionRecord, messages: Sequence[Any]) -> IngestResult:
+        """Store a transcript in another session of the agent (one the host says has ended)."""
+        return self.ingestor.ingest(session.id, messages)
+
+    def should_compact(self, prompt_tokens: int) -> bool:
+        """Pressure (threshold or assembly cap reached), unless the last compaction at this size
+        already found nothing to do: a host that reaches the store only through :meth:`turn`
+        gives the store nothing new to look at until its transcript grows."""
+        if not self.window.under_pressure(prompt_tokens):
+            return False
+        return self._stalled_at is None or prompt_tokens > self._stalled_at
+
+    def preflight(self, messages: Sequence[Any]) -> bool:
+        """A rough check before the host's model call: over the limits, and something to do."""
+        rough = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages)
+        rough = rough // CHARS_PER_TOKEN_ESTIMATE + self.overhead
+        return self.window.under_pressure(int(rough)) and self.has_content_to_compress(messages)
+
+    def has_content_to_compress(self, messages: Sequence[Any]) -> bool:
+        """Is anything in this transcript outside the fresh tail (or ready to condense)?"""
+        _, conversation = split_transcript(messages, self.own_messages)
+        roles = [role_of(m) for m in conversation]
+        sizes = [len(message_text(m)) // CHARS_PER_TOKEN_ESTIMATE + 4 if isinstance(m, Mapping) else 0
+                 for m in conversation]
+        users = [i for i, m in enumerate(conversation) if is_real_user(m)]
+        start = tail_start_index(roles, sizes, newest_user=users[-1] if users else None,
+                                 count=self.config.fresh_tail_count,
+                                 max_tokens=planning_config(self.config, self.window).fresh_tail_max_tokens)
+        if start > 0:
+            return True
+        return self.current is not None and condensable(
+            self.store.summaries.compaction_view(self.current.id), self.config) is not None
+
+    def turn(self, messages: list[Any], *, current_tokens: int | None = None,
+             focus: str | None = None, force: bool = False) -> list[Any]:
+        """Store the transcript, compact as needed, return the context for the host.
+
+        Returns ``messages`` itself (the host's "nothing to do") when nothing changes, when the
+        result would not be smaller, or when the host is behind the stored session.
+        """
+        try:
+            seen = self.ingest(messages)
+        except InvalidMessageError as exc:
+            self.record({"status": "stopped", "reason": f"a message cannot be stored: {exc}", "at": time.time()})
+            return messages
+        if not seen.at_end:
+            # The host is behind the stored session: anything assembled from the session would
+            # hand it messages it never had, which it would then send back as new ones.
+            self.record({"status": "not_needed", "reason": (
+                "the host's transcript is behind the stored session (another writer, or a restarted "
+                "host re-sending its history): its context is left as it is"), "passes": 0,
+                "at": time.time()})
+            return messages
+        tokens = self.tokens
+        sys_tokens = tokens.count_message_text(message_text(seen.system)) if seen.system else 0
+        own_summaries = [m for m in messages if self.own_messages(m)]
+        input_tokens = sys_tokens + sum(seen.token_counts) + sum(
+            tokens.count_message_text(message_text(m)) for m in own_summaries)
+        host_total = current_tokens if current_tokens else max(self.usage.prompt_tokens, 0)
+        if host_total:
+            self.overhead = max(0, int(host_total) - input_tokens)
+        done = self.compactor.run(seen.session, estimate=context_estimate(self.overhead, sys_tokens),
+                                  target=self.window.target, force=force, focus=focus)
+        outcome = done.outcome
+        # Nothing could be done at this size: should_compact stops promising until it grows.
+        self._stalled_at = self.overhead + input_tokens if (
+            outcome.passes == 0 and outcome.status == "stopped") else None
+        host_size = self.overhead + input_tokens
+        cap = self.window.assembly_cap
+        if outcome.passes == 0 and self._extends_handed(messages):
+            # Nothing compacted and the host holds what lcm last handed over plus new
+            # messages: assembling again would give back exactly this list.
+            kept = outcome.as_dict()
+            kept["over_budget"] = bool(cap) and host_size > cap
+            self.record(kept)
+            return messages
+        view = done.view if done.view is not None else self.store.summaries.compaction_view(seen.session.id)
+        self.current = view.session
+        assembly = self._assemble(view, done.plan, seen.system)
+        result: dict[str, Any] = outcome.as_dict()
+        result.update({"assembled_tokens": assembly.tokens, "over_budget": assembly.over_budget,
+                       "omitted_messages": assembly.omitted_raw[2] if assembly.omitted_raw else 0,
+                       "omitted_summaries": assembly.omitted_summaries})
+        if assembly.over_budget:
+            result["reason"] += (f"; over budget: the fresh tail alone needs more than the "
+                                 f"{cap}-token cap")
+        out = assembly.messages
+        if out == list(messages) or assembly.tokens >= host_size:
+            if out != list(messages):
+                result["reason"] += "; the assembled context would not be smaller: the host keeps its own"
+                self._stalled_at = host_size
+            else:
+                self._handed = list(messages)
+            # What the host keeps is what it sends: over the cap is over budget, whatever the reason.
+            result["over_budget"] = bool(result["over_budget"]) or (bool(cap) and host_size > cap)
+            self.record(result)
+            return messages
+        self.compactions += 1
+        self._hand_over(view.session, assembly, result)
+        self._handed = list(out)
+        return out
+
+    def compact_stored(self, *, force: bool = False, focus: str | None = None) -> dict[str, Any]:
+        """Compact the bound session from what is stored, with no host transcript: what an
+        import does after each turn. Same planning, bounds and outcome as :meth:`turn`."""
+        session = self.store.sessions.get(self.session.id)
+        done = self.compactor.run(session, estimate=context_estimate(0, 0), target=self.window.target,
+                                  force=force, focus=focus)
+        if done.outcome.passes and done.view is not None:
+            self.current = done.view.session
+            self.ingestor.forget(session.id)  # a host view, if any, is out of date now
+            self._handed = None
+        result = done.outcome.as_dict()
+        self.record(result)
+        return result
+
+    def assemble_context(self, system: Mapping[str, Any] | None = None) -> Assembly:
+        """The context lcm would hand the host now for the bound session (nothing written)."""
+        view = self.store.summaries.compaction_view(self.session.id)
+        self.current = view.session
+        return self._assemble(view, None, system)
+
+    def _extends_handed(self, messages: Sequence[Any]) -> bool:
+        handed = self._handed
+        if handed is None or len(messages) < len(handed):
+            return False
+        return all(a is b for a, b in zip(handed, messages, strict=False))
+
+    def _assemble(self, view: CompactionView, plan: TailPlan | None,
+                  system: Mapping[str, Any] | None) -> Assembly:
+        """The context from the view and the tail plan the compaction made (planned here when
+        it made none): one read of raw messages at most, none when the plan holds them."""
+        session = view.session
+        if plan is None:
+            plan = self.compactor.plan_tail(session)
+        budget = self.window.assembly_cap or None
+        raw = load_raw(self.store.messages, session, plan, budget)
+        return assemble(system=system, nodes=view.nodes, carried_ids=frozenset(n.id for n in view.carried),
+                        raw=raw.records, tail_start_seq=plan.tail_start, budget=budget,
+                        overhead=self.overhead, tokens=self.tokens, skipped=raw.skipped,
+                        newest_user_seq=plan.newest_user)
+
+    def _hand_over(self, session: SessionRecord, assembly: Assembly, outcome: dict[str, Any]) -> None:
+        """The host now holds ``assembly``: remember the messages lcm generated for it (so they
+        are known as lcm's own when they come back, in this process or another), where its
+        transcript resumes, and the outcome, in one write on the session."""
+        verbatim = {id(r.message) for r in assembly.included}
+        stands_for = {id(copy): message_key(original.message, content_hash(original.message))
+                      for copy, original in assembly.cut}
+        digests = {d: stands_for.get(id(m)) for m in assembly.messages if id(m) not in verbatim
+                   for d in (generated_digest(m),) if d is not None}
+        if digests:
+            self.store.messages.remember_generated(self.agent_id, digests)
+            self.own_messages.add(digests)
+        first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
+        self.last_outcome = outcome
+        after = self.store.sessions.set_host_view(
+            session.id, first, outcome=outcome if _worth_keeping(outcome) else None)
+        self.current = after
+        self.ingestor.remember(after, assembly.included, assembly.messages)
+
+    # ------------------------------------------------------------------ outcomes and failures
+
+    def record(self, outcome: dict[str, Any]) -> None:
+        """Keep the outcome for status, and with the session when it says something."""
+        self.last_outcome = outcome
+        if not _worth_keeping(outcome) or self.current is None:
+            return
+        try:
+            self.store.sessions.record_compaction(self.current.id, outcome)
+        except Exception as exc:  # noqa: BLE001 - the outcome is kept in memory all the same
+            self.note_failure("record_compaction", exc)
+
+    def note_failure(self, where: str, exc: BaseException) -> None:
+        """Remember (for status) and log what failed; an lcm error is a warning, anything else
+        an error with its traceback."""
+        self.last_error = f"{where}: {type(exc).__name__}: {exc}"
+        level = logging.WARNING if isinstance(exc, LcmError) else logging.ERROR
+        log.log(level, "lcm %s failed: %s", where, exc, exc_info=not isinstance(exc, LcmError))

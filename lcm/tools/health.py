@@ -1,0 +1,96 @@
+"""``lcm_status`` and ``lcm_doctor``: the engine's state, and every health check in one place
+(the tool and ``lcm doctor`` aggregate the same checks the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lcm.context.session import ContextSession
+from lcm.records import CheckResult
+from lcm.tools.args import Parsed
+
+#: The doctor's verdict from its worst check.
+VERDICTS = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}
+
+
+def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
+    store = context.store
+    session = store.sessions.get(context.session.id)
+    nodes = {f"d{d.depth}": d.count for d in store.summaries.depth_stats(session.id)}
+    summarizer = context.summarizer.describe()
+    last = context.last_outcome or session.last_compaction or {}
+    return {
+        "agent_id": context.agent_id, "session_id": session.session_key,
+        "session_ids": store.sessions.keys(session.id),
+        "compression_count": context.compactions, "stored_messages": session.message_count,
+        "skipped_messages": session.skipped_count,
+        "fork_of": ({"session_id": store.sessions.get(session.parent_id).session_key,
+                     "after_seq": session.fork_seq} if session.parent_id is not None else None),
+        "forks": [f.session_key for f in store.sessions.forks(session.id)],
+        "raw_messages": session.last_seq - session.covered_seq, "raw_tokens": session.raw_tokens,
+        "nodes_by_depth": nodes,
+        "carried_summaries": len(store.summaries.carried(session.id)),
+        "context_length": context.window.context_length, "threshold_tokens": context.window.threshold_tokens,
+        "last_prompt_tokens": max(context.usage.prompt_tokens, 0),
+        "max_assembly_tokens": context.window.assembly_cap,
+        "backend": store.backend_name, "database": store.location,
+        "summarizer": {"route": summarizer["route"], "mode": summarizer["mode"],
+                       "fallbacks": summarizer["fallbacks"], "breaker": summarizer["breaker"]},
+        "last_compaction": {"status": last.get("status", "none"),
+                            "reason": last.get("reason", "no compaction has run in this session yet"),
+                            **{k: last[k] for k in ("passes", "leaves", "condensed", "tokens_before",
+                                                     "tokens_after", "assembled_tokens", "over_budget")
+                               if k in last}},
+        "last_error": context.last_error,
+    }
+
+
+def doctor(context: ContextSession, args: Parsed) -> dict[str, Any]:
+    return health_report(context, context.store.health.checks(deep=False))
+
+
+def health_report(context: ContextSession, storage: Sequence[CheckResult]) -> dict[str, Any]:
+    """The doctor's report: the storage checks given (``lcm doctor`` may run deep ones) and
+    the settings checks, with the verdict of the worst."""
+    checks = [*storage, *config_checks(context)]
+    return {"overall": verdict(checks), "checks": [c.as_dict() for c in checks]}
+
+
+def verdict(checks: Sequence[CheckResult]) -> str:
+    statuses = {c.status for c in checks}
+    return VERDICTS["fail" if "fail" in statuses else "warn" if "warn" in statuses else "ok"]
+
+
+def config_checks(context: ContextSession) -> list[CheckResult]:
+    """Settings that cannot work well together with the host's window or summarizer."""
+    cfg, window, cap = context.config, context.window.context_length, context.window.assembly_cap
+    out: list[CheckResult] = []
+    if window and cfg.leaf_chunk_tokens > window // 2:
+        out.append(CheckResult("config_leaf_chunk", "warn",
+                               f"LCM_LEAF_CHUNK_TOKENS={cfg.leaf_chunk_tokens} is over half the {window}-token "
+                               "window: summarizer calls may not fit the model"))
+    else:
+        out.append(CheckResult("config_leaf_chunk", "ok", f"leaf chunks of up to {cfg.leaf_chunk_tokens} tokens"))
+    if window and cfg.fresh_tail_max_tokens and cfg.fresh_tail_max_tokens >= cap:
+        out.append(CheckResult("config_fresh_tail", "warn",
+                               "LCM_FRESH_TAIL_MAX_TOKENS is not below the assembly cap: the fresh tail "
+                               "alone could fill the context"))
+    else:
+        cap_text = f", at most {cfg.fresh_tail_max_tokens} tokens" if cfg.fresh_tail_max_tokens else ""
+        out.append(CheckResult("config_fresh_tail", "ok", f"fresh tail: {cfg.fresh_tail_count} messages{cap_text}"))
+    summarizer = context.summarizer.describe()
+    breakers = summarizer["breaker"]
+    broken = [name for name, state in breakers.items() if state["state"] != "closed"]
+    if cfg.summarizer == "llm" and summarizer["mode"] != "llm":
+        out.append(CheckResult("config_summarizer", "fail",
+                               "LCM_SUMMARIZER=llm but no LLM is configured (set LCM_SUMMARY_BASE_URL and "
+                               "LCM_SUMMARY_MODEL, or run inside Hermes)"))
+    elif broken:
+        out.append(CheckResult("config_summarizer", "warn", "summarizer routes failing: " + "; ".join(
+            f"{name} ({breakers[name]['state']}: {breakers[name]['last_error']})" for name in broken)))
+    else:
+        extractive = " (deterministic extractive summaries: no LLM configured)" if (
+            summarizer["mode"] == "extractive") else ""
+        out.append(CheckResult("config_summarizer", "ok", f"summaries via {summarizer['route']}{extractive}"))
+    return out
