@@ -123,7 +123,7 @@ SMALL_ENGINE = dict(fresh_tail_count=6, leaf_chunk_tokens=400, condensation_fani
 @pytest.fixture
 def llm():
     """A scripted OpenAI-compatible server on 127.0.0.1 (tests set ``llm.handler``)."""
-    from tests.llm_server import ScriptedLLM
+    from tests.support.llm_server import ScriptedLLM
 
     server = ScriptedLLM()
     try:

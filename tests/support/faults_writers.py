@@ -1,6 +1,6 @@
 """Several host processes on one session, at a size worth reporting (the CI tests run it small).
 
-    python -m tests.faults_writers --url sqlite:////tmp/w.db --turns 150 [--json]
+    python -m tests.support.faults_writers --url sqlite:////tmp/w.db --turns 150 [--json]
 
 Two scenarios, each with real processes (spawned) running real engines:
   * ``same``: 4 hosts grow one transcript at their own pace, restarting now and then;
@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from lcm.store import connection as db
 from lcm.store import Store
 
-from tests import workers
+from tests.support import workers
 
 
 def _key(m: dict) -> str:

@@ -17,7 +17,7 @@ from lcm.engine import LcmEngine
 from lcm.context.ingest import Ingestor
 from lcm.store import Store
 
-from tests import workers
+from tests.support import workers
 
 SYSTEM = {"role": "system", "content": "You are a test agent."}
 
@@ -186,7 +186,7 @@ def test_a_pasted_summary_and_a_file_that_looks_like_one_are_stored(make_engine)
 
 def test_own_summary_is_known_by_digest_in_another_process(make_engine):
     """lcm's own summary, handed out by one engine, is recognised by a new one (after a restart)."""
-    from tests.conversation import conversation
+    from tests.support.conversation import conversation
 
     first = make_engine()
     first.on_session_start("s")

@@ -15,7 +15,7 @@ import pytest
 
 from lcm.store import Store
 
-from tests import workers
+from tests.support import workers
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_a_host_killed_at_random_points_loses_and_duplicates_nothing(db_url):
     Store.open(db_url, upgrade=True)
     rng = random.Random(1324)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    cmd = [sys.executable, "-m", "tests.workers", "host-with-compaction", db_url, "killed", str(TURNS)]
+    cmd = [sys.executable, "-m", "tests.support.workers", "host-with-compaction", db_url, "killed", str(TURNS)]
     landed = 0  # kills that hit a running host (start-up ~0.5 s, a whole run ~1-2 s)
     for _ in range(KILLS):
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,

@@ -1,5 +1,5 @@
 """The scripted model behind the end-to-end Hermes tests: an OpenAI-compatible server on
-127.0.0.1 (``tests.llm_server``) that logs every request and answers like a small agent model.
+127.0.0.1 (``tests.support.llm_server``) that logs every request and answers like a small agent model.
 
 * lcm's summary requests (its summarizer prompts) get a short summary;
 * a user turn ``RECALL <words>`` makes the model call ``lcm_grep`` for the words, then
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.llm_server import Reply, ScriptedLLM, completion, tool_call
+from tests.support.llm_server import Reply, ScriptedLLM, completion, tool_call
 
 SUMMARY_MARKERS = ("You write the memory of an AI agent", "You maintain the long-term memory",
                    "Summarize the material below as at most")

@@ -21,7 +21,7 @@ from lcm.messages import (
     uid_identity,
 )
 
-from tests.strategies import json_values, messages, nasty_text
+from tests.support.strategies import json_values, messages, nasty_text
 
 
 def _storable(s: str) -> bool:

@@ -24,9 +24,9 @@ import pytest
 from lcm.store import Store
 from lcm.transcript import SUMMARY_MARKER
 
-from tests.conversation import sequence_problems
-from tests.hermes_host import CONTEXT_LENGTH, HermesHome, ensure_venv
-from tests.hermes_model import HermesModel, prompt_tokens
+from tests.support.conversation import sequence_problems
+from tests.support.hermes_host import CONTEXT_LENGTH, HermesHome, ensure_venv
+from tests.support.hermes_model import HermesModel, prompt_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.store import Store
 
-from tests.conversation import SYSTEM, conversation
+from tests.support.conversation import SYSTEM, conversation
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -1,4 +1,6 @@
-"""Ingest alignment: a host transcript that starts anywhere in a long stored session.
+"""Ingest alignment behaviours, run over the in-memory store (``tests/unit``) and on both
+databases (``tests/integration``): a host transcript that starts anywhere in a long stored
+session stores only its new messages.
 
 Regression: the first match used to be looked for only within LOOKAHEAD (64) messages of the
 alignment window's start, so a host resumed with the tail of a long session (or any transcript
@@ -14,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lcm.context.ingest import Ingestor
-from lcm.store import Store
+from lcm.context.ports import StorePorts
 
 from tests.support.storing import append_messages
 
@@ -26,7 +28,7 @@ def _msgs(prefix: str, n: int) -> list[dict]:
             for i in range(n)]
 
 
-def _stored(store: Store, session_pk: int) -> list[dict]:
+def _stored(store: StorePorts, session_pk: int) -> list[dict]:
     return [r.message for r in store.messages.get_range(session_pk, limit=10_000)]
 
 
@@ -56,17 +58,16 @@ def test_a_resumed_engine_with_the_tail_of_a_long_session_stores_nothing_twice(m
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_nothing_is_lost_and_nothing_unique_is_stored_twice(sqlite_url, data):
+def test_nothing_is_lost_and_nothing_unique_is_stored_twice(store, data):
     """Stored history from a small alphabet (repeats on purpose), then a transcript that is any
     suffix of it plus new messages: every transcript message maps to a stored row with its
     content, and the session never holds more than history + the new messages."""
-    store = Store.open(sqlite_url, upgrade=True)
     alphabet = [f"w{i}" for i in range(data.draw(st.integers(2, 6), label="alphabet"))]
     history = [{"role": "user", "content": c}
                for c in data.draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=150), label="history")]
     start = data.draw(st.integers(0, len(history)), label="start")
     new = [{"role": "user", "content": f"unique {i}"} for i in range(data.draw(st.integers(0, 4), label="new"))]
-    session = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)  # the file is shared by examples
+    session = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)  # the store is shared by examples
     append_messages(store, session.id, history)
     transcript = history[start:] + new
     result = Ingestor(store).ingest(session.id, [SYSTEM, *transcript])

@@ -17,7 +17,7 @@ from lcm.demo import generate
 from lcm.store import Store
 
 from tests.conftest import REPO_ROOT
-from tests.faults import drop_from_index
+from tests.support.faults import drop_from_index
 
 SECRET = "The vault lease id is VL-5501-ZETA; rotate it on Fridays."
 BIG = {"patch": "z" * 12_000}

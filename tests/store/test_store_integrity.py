@@ -10,7 +10,7 @@ from lcm.store import Store
 
 from tests.support.storing import append_messages
 
-from tests.faults import corrupt_index_entry, drop_from_index
+from tests.support.faults import corrupt_index_entry, drop_from_index
 
 
 def statuses(store: Store, deep: bool = False) -> dict[str, str]:
@@ -98,7 +98,7 @@ def test_a_row_filed_under_another_agent_is_found(store, populated):
 def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
     """What two writers produced before ingest aligned under a lock (issue 13.1): the doctor
     says so. Repeated plain text ("ok", "ok") is not a duplicate."""
-    from tests.workers import turn
+    from tests.support.workers import turn
 
     first = append_messages(store, session.id, turn("w", 0) + turn("w", 1))
     assert statuses(store)["duplicate_messages"] == "ok"
@@ -112,7 +112,7 @@ def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
 def test_repair_removes_the_copies_and_keeps_the_store_consistent(store, session):
     """doctor --repair removes what two writers stored twice, when it is not summarized yet:
     the session reads exactly as the conversation, seq gapless, every check ok."""
-    from tests.workers import turn
+    from tests.support.workers import turn
 
     expected = turn("w", 0) + turn("w", 1) + turn("w", 2) + turn("w", 3)
     first = append_messages(store, session.id, turn("w", 0) + turn("w", 1))
@@ -131,7 +131,7 @@ def test_repair_removes_the_copies_and_keeps_the_store_consistent(store, session
 
 
 def test_repair_leaves_a_summarized_copy_alone(store, session):
-    from tests.workers import turn
+    from tests.support.workers import turn
 
     first = append_messages(store, session.id, turn("w", 0))
     again = append_messages(store, session.id, turn("w", 0), after_identity=first.last_identity)

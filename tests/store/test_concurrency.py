@@ -16,7 +16,7 @@ from lcm.store.schema import Message
 from lcm.records import NewSummary
 from lcm.store import Store
 
-from tests import workers
+from tests.support import workers
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_processes_opening_a_new_sqlite_file_at_once_all_succeed(sqlite_url):
 def test_a_process_killed_between_summary_and_edges_leaves_neither(db_url):
     Store.open(db_url, upgrade=True)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    run = subprocess.run([sys.executable, "-m", "tests.workers", db_url], cwd=REPO_ROOT, env=env,
+    run = subprocess.run([sys.executable, "-m", "tests.support.workers", db_url], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == -9, run.stderr
     store = Store.open(db_url)

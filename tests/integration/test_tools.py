@@ -24,9 +24,9 @@ from lcm.tools.render import text_content
 from lcm.tools.specs import EXPAND_SOURCES_CAP, GREP_LIMIT_CAP, LOAD_LIMIT_CAP, PAGE_CHARS_CAP, PAGE_CHARS_DEFAULT
 from lcm.transcript import SUMMARY_MARKER
 
-from tests.conversation import SYSTEM, host_step, turn
-from tests.faults import drop_from_index
-from tests.llm_server import completion, error
+from tests.support.conversation import SYSTEM, host_step, turn
+from tests.support.faults import drop_from_index
+from tests.support.llm_server import completion, error
 
 T0 = 1_700_000_000  # 2023-11-14T22:13:20Z: the host's timestamps of the first turns
 SECRET = "The deploy key fingerprint is QX7-ALPHA-90210; keep it out of the logs."

@@ -13,7 +13,7 @@ from lcm.context.summarize.routes import Breakers
 from lcm.context.summarize.text import strip_reasoning
 from lcm.tokens import TokenCounter
 
-from tests.llm_server import completion, error
+from tests.support.llm_server import completion, error
 
 TOKENS = TokenCounter()
 SOURCE = "<conversation>\n" + "\n".join(

@@ -11,8 +11,8 @@ import pytest
 
 from lcm.messages import message_text
 
-from tests.conversation import conversation, sequence_problems
-from tests.llm_server import Reply, completion, error
+from tests.support.conversation import conversation, sequence_problems
+from tests.support.llm_server import Reply, completion, error
 
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
 

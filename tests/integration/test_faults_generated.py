@@ -18,7 +18,7 @@ from lcm.store import Store
 from lcm.transcript import SUMMARY_MARKER
 from lcm.tools import TOOL_SCHEMAS
 
-from tests.strategies import json_values, messages, nasty_text
+from tests.support.strategies import json_values, messages, nasty_text
 
 SYSTEM = {"role": "system", "content": "generated"}
 

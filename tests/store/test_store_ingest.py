@@ -17,7 +17,7 @@ from lcm.store import Store
 
 from tests.support.storing import append_messages
 
-from tests.strategies import messages as message_strategy
+from tests.support.strategies import messages as message_strategy
 
 TURN = [
     {"role": "system", "content": "You are a careful agent."},
