@@ -11,9 +11,9 @@ leaves the previous revision intact.
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import text
 
+from alembic import context
 from lcm.store import connection as db
 from lcm.store.migrations import ADVISORY_LOCK_KEY, VERSION_TABLE, include_object
 from lcm.store.schema import Base

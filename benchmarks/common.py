@@ -9,8 +9,8 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url

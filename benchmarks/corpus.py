@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 VOCABULARY = 30_000
 ZIPF_S = 1.07

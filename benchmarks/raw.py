@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -95,7 +96,8 @@ class RawPostgres:
     def search(self, query: str, *, session: int | None, sort: str, limit: int = 10) -> list[int]:
         where = "tsv @@ plainto_tsquery('simple', %s)" + (" AND session = %s" if session is not None else "")
         order = "id DESC" if sort == "recency" else "ts_rank_cd(tsv, plainto_tsquery('simple', %s)) DESC"
-        params: list[Any] = [query] + ([session] if session is not None else []) + ([query] if sort != "recency" else [])
+        params: list[Any] = [query] + ([session] if session is not None else [])
+        params += [query] if sort != "recency" else []
         rows = self.conn.execute(f"SELECT id FROM raw_msg WHERE {where} ORDER BY {order} LIMIT {int(limit)}",
                                  params).fetchall()
         self.conn.commit()

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from benchmarks.common import append_messages, summary_ms
 from benchmarks.corpus import Corpus, plant_needles

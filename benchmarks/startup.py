@@ -46,8 +46,9 @@ CHILD = textwrap.dedent("""
     t_turn = time.perf_counter()
     assert engine.context.last_error is None, engine.context.last_error
     stored_new = engine.store.sessions.get(engine.session.id).message_count - before
-    print(json.dumps({"stored_new": stored_new, "import_s": t_import - t0, "open_s": t_open - t_import, "first_turn_s": t_turn - t_open,
-                      "total_s": t_turn - t0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"stored_new": stored_new, "import_s": t_import - t0, "open_s": t_open - t_import,
+                      "first_turn_s": t_turn - t_open, "total_s": t_turn - t0,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """)
 
 

@@ -6,8 +6,9 @@ One definition per phase keeps the printed tables and ``docs/benchmarks.md`` (wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass

@@ -15,9 +15,10 @@ command line's own (it decides how a crash is shown, not what lcm does).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from lcm.errors import ConfigError
 
@@ -101,7 +102,7 @@ class LcmConfig:
     breaker_cooldown_seconds: int = _spec(300, "LCM_SUMMARY_BREAKER_COOLDOWN_SECONDS", _int(1, 86_400), "how long an open breaker skips its route")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "LcmConfig":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> LcmConfig:
         """Settings from the environment (``environ`` defaults to ``os.environ``), then overrides."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -133,6 +134,17 @@ class LcmConfig:
 
 
 # --------------------------------------------------------------------------- process environment
+
+#: The process settings below, with what each means (docs/contract.md lists them all; a test
+#: keeps the two in step). ``LCM_DEBUG`` is the command line's own.
+PROCESS_VARIABLES: dict[str, str] = {
+    "HERMES_HOME": "the Hermes home (set by Hermes): the default database and agent scope come from it",
+    "LCM_CACHE_DIR": "where lcm keeps caches it can rebuild (default $XDG_CACHE_HOME/lcm, else ~/.cache/lcm)",
+    "LCM_TOKENIZER_CACHE": "0 turns the parsed-tokenizer cache off",
+    "LCM_TIKTOKEN_DOWNLOAD": "1 lets tiktoken download a model's encoding",
+    "LCM_SQLITE_BUSY_TIMEOUT_MS": "how long a SQLite write waits for another writer's lock",
+    "LCM_DEBUG": "the command line shows the traceback of an unexpected error",
+}
 
 #: How long a SQLite write waits for another writer's lock before failing (milliseconds).
 DEFAULT_SQLITE_BUSY_TIMEOUT_MS = 30_000

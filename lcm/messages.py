@@ -20,9 +20,9 @@ import datetime as dt
 import hashlib
 import json
 import math
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from lcm import codec
@@ -249,7 +249,7 @@ def _parse_iso(text: str) -> float:
         text = text[:-1] + "+00:00"
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
 
 

@@ -161,11 +161,11 @@ class CompactionView:
     its uncondensed summaries (highest depth first, then oldest) and the carried ones."""
 
     session: SessionRecord
-    uncondensed: tuple["SummaryRecord", ...]
-    carried: tuple["SummaryRecord", ...]
+    uncondensed: tuple[SummaryRecord, ...]
+    carried: tuple[SummaryRecord, ...]
 
     @property
-    def nodes(self) -> tuple["SummaryRecord", ...]:
+    def nodes(self) -> tuple[SummaryRecord, ...]:
         """The summaries an assembled context shows, in order: carried, then uncondensed."""
         return self.carried + self.uncondensed
 

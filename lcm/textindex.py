@@ -187,8 +187,9 @@ def _make_term(raw: str, prefix: bool) -> Term | None:
     return Term(raw=spaced, tokens=tokens, prefix=prefix)
 
 
-def parse_query(text: str) -> Query:
-    """Read a user query (never raises; an unusable query gives an empty Query)."""
+def parse_query(text: object) -> Query:
+    """Read a user query (never raises; an unusable query, or no text at all, gives an empty
+    Query)."""
     if not isinstance(text, str):
         return Query(notes=("query must be text",))
     groups: list[list[Term]] = []

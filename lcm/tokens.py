@@ -19,9 +19,10 @@ import marshal
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from lcm.config import cache_dir, tiktoken_download_allowed, tokenizer_cache_enabled
 
@@ -110,7 +111,7 @@ def _write_cached_spec(name: str, spec: dict[str, Any]) -> None:
             Path(tmp_name).unlink(missing_ok=True)  # no half-written leftovers in the cache
 
 
-def _load_without_network(name: str):
+def _load_without_network(name: str) -> Any:
     """The tiktoken encoding ``name``: from lcm's parsed cache, else built by tiktoken without
     touching the network (an uncached download fails instead)."""
     import tiktoken

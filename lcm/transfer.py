@@ -24,12 +24,12 @@ interrupted halfway resumes where it stopped.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
+from typing import Any, TextIO
 
 from lcm.context.ingest import message_key, meta_key
 from lcm.context.ports import StorePorts
@@ -70,8 +70,8 @@ class Transcript:
 
 
 def _open_text(source: str | Path | TextIO) -> tuple[str, str]:
-    if isinstance(source, io.TextIOBase) or hasattr(source, "read"):
-        return getattr(source, "name", "<stdin>"), source.read()  # type: ignore[union-attr]
+    if not isinstance(source, (str, Path)):  # an open text stream
+        return getattr(source, "name", "<stdin>"), source.read()
     if str(source) == "-":
         return "<stdin>", sys.stdin.read()
     path = Path(source).expanduser()
@@ -101,10 +101,11 @@ def _items(text: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]], str
             return list(enumerate(whole, 1)), [], "item"
         if isinstance(whole, dict) and isinstance(whole.get("messages"), list):
             key = whole.get("session_id")
-            items = [{"session_id": key, "message": m} if isinstance(key, str) and isinstance(m, dict)
-                     and "message" not in m else m for m in whole["messages"]]
-            return list(enumerate(items, 1)), [], "item"
-    items, errors = [], []
+            wrapped = [{"session_id": key, "message": m} if isinstance(key, str) and isinstance(m, dict)
+                       and "message" not in m else m for m in whole["messages"]]
+            return list(enumerate(wrapped, 1)), [], "item"
+    items: list[tuple[int, Any]] = []
+    errors: list[tuple[int, str]] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

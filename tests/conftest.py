@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from lcm.store import connection as db
 from lcm.store import Store
+from lcm.store import connection as db
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

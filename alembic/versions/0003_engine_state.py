@@ -9,6 +9,7 @@ Create Date: 2026-11-22
 from __future__ import annotations
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "0003_engine_state"

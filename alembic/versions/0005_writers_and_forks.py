@@ -19,6 +19,7 @@ Create Date: 2026-11-24
 from __future__ import annotations
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "0005_writers_and_forks"

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from lcm.config import LcmConfig
+from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError, NotFoundError
 from lcm.store import Store
@@ -49,12 +50,16 @@ def open_context(url: str | None, agent: str, *, create: bool = False, context_l
                  **settings: Any) -> ContextSession:
     """A context session of ``agent`` on the store at ``url`` (settings from the environment,
     then ``settings``; ``context_length``: the model window compaction aims for)."""
-    store = open_store(url, create=create)
+    return context_on(open_store(url, create=create), agent, context_length=context_length, **settings)
+
+
+def context_on(store: Store, agent: str, *, context_length: int | None = None, **settings: Any) -> ContextSession:
+    """A context session of ``agent`` on an open store (see :func:`open_context`)."""
     config = LcmConfig.from_env(agent_id=agent, **settings)
     return ContextSession(config, store, agent_id=agent, context_length=context_length or 0)
 
 
-def latest_session_key(store: Store, agent: str) -> str:
+def latest_session_key(store: StorePorts, agent: str) -> str:
     """The agent's most recently active session (the default for describe and status)."""
     best = None
     for s in store.sessions.each(agent):
@@ -115,7 +120,7 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         stderr.print(f"lcm: error: {exc.strerror or exc}{where}", markup=False)
         return 1
-    except Exception as exc:  # noqa: BLE001 - one line, never a traceback, unless asked for
+    except Exception as exc:
         if os.environ.get("LCM_DEBUG"):
             raise
         kind = "database error" if _from_database(exc) else f"internal error ({type(exc).__name__})"

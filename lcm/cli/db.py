@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import click
-from sqlalchemy.exc import OperationalError
 
 from lcm.cli.common import emit_json, json_option, say, url_option
-from lcm.errors import DatabaseUnavailableError
 from lcm.store import connection as dbmod
 from lcm.store import migrations
-
-
-def _state(url) -> migrations.SchemaState:
-    engine = dbmod.standalone_engine(url)
-    try:
-        with engine.connect() as conn:
-            return migrations.schema_state(conn)
-    except OperationalError as exc:
-        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        raise DatabaseUnavailableError(
-            f"cannot connect to {dbmod.display_url(url)}: {reason}") from exc
-    finally:
-        engine.dispose()
 
 
 @click.group("db")
@@ -36,12 +21,12 @@ def db_group() -> None:
 def upgrade_command(url: str | None, as_json: bool, revision: str) -> None:
     """Create the lcm schema or upgrade it to this lcm's version (keeps all data)."""
     target = dbmod.resolve_url(url)
-    before = _state(target)
+    before = migrations.state_at(target)
     if before.status == "unknown":
         raise click.ClickException(
             f"the database has revision {before.current}, unknown to this lcm (newer?): upgrade lcm")
     migrations.upgrade(target, revision)
-    after = _state(target)
+    after = migrations.state_at(target)
     if as_json:
         emit_json({"database": dbmod.display_url(target), "from": before.current, "to": after.current})
         return
@@ -61,7 +46,7 @@ def downgrade_command(url: str | None, revision: str, yes: bool) -> None:
         raise click.ClickException("a downgrade can delete data; repeat with --yes to confirm")
     target = dbmod.resolve_url(url)
     migrations.downgrade(target, revision)
-    say(f"{dbmod.display_url(target)}: now at {_state(target).current or '(empty)'}")
+    say(f"{dbmod.display_url(target)}: now at {migrations.state_at(target).current or '(empty)'}")
 
 
 @db_group.command("current")
@@ -70,7 +55,7 @@ def downgrade_command(url: str | None, revision: str, yes: bool) -> None:
 def current_command(url: str | None, as_json: bool) -> None:
     """Show the schema revision of the database and whether it is current."""
     target = dbmod.resolve_url(url)
-    state = _state(target)
+    state = migrations.state_at(target)
     if as_json:
         emit_json({"database": dbmod.display_url(target), "current": state.current,
                    "head": state.head, "status": state.status})

@@ -54,7 +54,7 @@ def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
     reports, outcomes = import_plans(context, plans, compact=True, show_progress=not as_json,
                                      label="ingesting", carry=True)
 
-    sessions = []
+    sessions: list[dict[str, Any]] = []
     for plan in plans:
         session = context.attach(plan.session_key)
         assembled = context.assemble_context()

@@ -9,7 +9,17 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lcm.cli.common import agent_option, emit_json, json_option, open_context, open_store, say, stdout, url_option
+from lcm.cli.common import (
+    agent_option,
+    context_on,
+    emit_json,
+    json_option,
+    open_context,
+    open_store,
+    say,
+    stdout,
+    url_option,
+)
 from lcm.errors import ConfigError
 from lcm.tools.health import health_report
 
@@ -57,8 +67,8 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
                    "yet summarized), rebuild the search index from the rows, check again.")
 def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repair: bool) -> None:
     """Check database integrity, schema, search index, the summary DAG and the settings."""
-    context = open_context(url, agent)
-    store = context.store
+    store = open_store(url)
+    context = context_on(store, agent)
     repaired = None
     if repair:
         backup = store.health.backup()
@@ -115,6 +125,8 @@ def backup_command(destination: str, url: str | None, as_json: bool, force: bool
         raise ConfigError("the backup cannot overwrite the store itself")
     tmp = target.with_name(f".{target.name}.partial")
     written = store.health.backup(str(tmp))
+    if written is None:  # pragma: no cover - SQLite always copies (checked above)
+        raise ConfigError(f"{store.location} could not be copied")
     Path(written).replace(target)  # a finished copy, or nothing
     size = target.stat().st_size
     if as_json:

@@ -44,7 +44,7 @@ class ToolError(LcmError):
 
 def tool(context: ContextSession, name: str, **args: Any) -> dict[str, Any]:
     """Run one agent tool and return its response, raising its error as a ToolError."""
-    payload = json.loads(run_tool(context, name, {k: v for k, v in args.items() if v is not None}))
+    payload: dict[str, Any] = json.loads(run_tool(context, name, {k: v for k, v in args.items() if v is not None}))
     if "error" in payload:
         raise ToolError(payload["error"])
     return payload
@@ -90,7 +90,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
     """List sessions: messages, tokens, summaries and how much is compacted."""
     store = open_store(url)
     agents = store.sessions.agents() if all_agents else [agent]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in agents:
         for s in itertools.islice(store.sessions.each(name), limit):
             rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
@@ -112,9 +112,9 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
     for r in rows:
         name = r["session_id"] + (f" (+{len(r['aliases'])} alias)" if r["aliases"] else "")
         share = f"{r['compacted_messages'] / r['messages']:.0%}" if r["messages"] else "-"
-        cells = ([Text(r["agent"])] if all_agents else []) + [
-            Text(name), Text(r["platform"] or "-"), f"{r['messages']:,}", f"{r['tokens']:,}", share,
-            when(r["updated_at"])]
+        cells: list[Text | str] = [Text(r["agent"])] if all_agents else []
+        cells += [Text(name), Text(r["platform"] or "-"), f"{r['messages']:,}", f"{r['tokens']:,}", share,
+                  when(r["updated_at"])]
         table.add_row(*cells)
     stdout.print(table)
 
@@ -253,29 +253,38 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
     context = open_context(url, agent)
     ident = int(m.group(2))
     if m.group(1) == "msg":
-        item = full_message(context, ident)
-        if as_json:
-            emit_json(item)
-            return
-        text, _ = whole_field(context, ident)
-        if raw:
-            click.echo(text, nl=False)
-            return
-        msg = item["message"]
-        say(f"msg:{item['store_id']}  {msg.get('role')}  session {item['session_id']}  seq {item['seq']}  "
-            f"{when(item['timestamp'])}  {item['token_count']} tokens")
-        for key, value in msg.items():
-            if key not in ("role", "content"):
-                say(f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
-        say("")
-        click.echo(text)
+        _expand_message(context, ident, as_json=as_json, raw=raw)
+    else:
+        _expand_node(context, ident, as_json=as_json)
+
+
+def _expand_message(context: ContextSession, store_id: int, *, as_json: bool, raw: bool) -> None:
+    item = full_message(context, store_id)
+    if as_json:
+        emit_json(item)
         return
-    attach_to_node(context, ident)
+    text, _ = whole_field(context, store_id)
+    if raw:
+        click.echo(text, nl=False)
+        return
+    msg = item["message"]
+    say(f"msg:{item['store_id']}  {msg.get('role')}  session {item['session_id']}  seq {item['seq']}  "
+        f"{when(item['timestamp'])}  {item['token_count']} tokens")
+    for key, value in msg.items():
+        if key not in ("role", "content"):
+            say(f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}")
+    say("")
+    click.echo(text)
+
+
+def _expand_node(context: ContextSession, node_id: int, *, as_json: bool) -> None:
+    attach_to_node(context, node_id)
     sources: list[dict[str, Any]] = []
     offset: int | None = 0
     head = None
     while offset is not None:
-        res = tool(context, "lcm_expand", node_id=ident, source_offset=offset, source_limit=50, max_tokens=16_000)
+        res = tool(context, "lcm_expand", node_id=node_id, source_offset=offset, source_limit=50,
+                   max_tokens=16_000)
         head = head or res
         sources.extend(res["expanded"])
         offset = res["pagination"]["next_source_offset"]
@@ -284,23 +293,22 @@ def expand_command(ref: str, url: str | None, agent: str, as_json: bool, raw: bo
         emit_json({**{k: v for k, v in head.items() if k not in ("expanded", "pagination")},
                    "expanded": sources, "total_sources": len(sources)})
         return
-    say(f"node:{ident}  depth {head['depth']}  {len(sources)} source(s)")
+    say(f"node:{node_id}  depth {head['depth']}  {len(sources)} source(s)")
     for src in sources:
-        if "store_id" in src:
-            msg = src["message"]
-            say("")
-            say(f"── msg:{src['store_id']} {msg.get('role')} seq {src['seq']} {when(src['timestamp'])}")
-            body = msg.get("content")
-            if body is None and msg.get("tool_calls"):
-                body = "tool calls: " + (msg["tool_calls"] if isinstance(msg["tool_calls"], str)
-                                         else json.dumps(msg["tool_calls"], ensure_ascii=False))
-            click.echo(body if isinstance(body, str) else json.dumps(body, ensure_ascii=False))
-            if src.get("content_truncated") or src.get("fields_truncated"):
-                say(f"   (cut; the whole message: lcm expand msg:{src['store_id']})")
-        else:
-            say("")
+        say("")
+        if "store_id" not in src:
             say(f"── node:{src['node_id']} depth {src['depth']} ({src['token_count']} tokens)")
             click.echo(src["content"])
+            continue
+        msg = src["message"]
+        say(f"── msg:{src['store_id']} {msg.get('role')} seq {src['seq']} {when(src['timestamp'])}")
+        body = msg.get("content")
+        if body is None and msg.get("tool_calls"):
+            body = "tool calls: " + (msg["tool_calls"] if isinstance(msg["tool_calls"], str)
+                                     else json.dumps(msg["tool_calls"], ensure_ascii=False))
+        click.echo(body if isinstance(body, str) else json.dumps(body, ensure_ascii=False))
+        if src.get("content_truncated") or src.get("fields_truncated"):
+            say(f"   (cut; the whole message: lcm expand msg:{src['store_id']})")
 
 
 @click.command("load")

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lcm.cli.common import agent_option, emit_json, json_option, open_context, open_store, say, stderr, stdout, url_option
+from lcm.cli.common import (
+    agent_option,
+    context_on,
+    emit_json,
+    json_option,
+    open_store,
+    say,
+    stderr,
+    stdout,
+    url_option,
+)
 from lcm.context.session import ContextSession
 from lcm.transfer import (
     ImportReport,
@@ -31,7 +42,7 @@ DEFAULT_CONTEXT = 128_000
 class _LineProgress:
     """Progress for a stderr that is not a terminal (CI logs, pipes): one line per session."""
 
-    def __enter__(self) -> "_LineProgress":
+    def __enter__(self) -> _LineProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -61,7 +72,8 @@ def progress_bar(enabled: bool) -> Any:
 
 def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compact: bool, show_progress: bool,
                  label: str = "ingest", carry: bool = False,
-                 on_session: Callable[[SessionPlan], None] | None = None) -> tuple[list[ImportReport], list[dict[str, Any]]]:
+                 on_session: Callable[[SessionPlan], None] | None = None,
+                 ) -> tuple[list[ImportReport], list[dict[str, Any]]]:
     """Import each session, compacting after every turn as a live host would; returns the
     reports and the compaction outcomes that did something. ``carry``: start each session like
     a host's /new after the previous one (summaries carried over)."""
@@ -126,15 +138,17 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     plans = plan_sessions(transcript, session_key=session_key)
     for plan in plans:
         plan.platform = plan.platform or platform
-    context = open_context(url, agent, create=True, context_length=context_length)
+    store = open_store(url, create=True)
+    context = context_on(store, agent, context_length=context_length)
     reports, outcomes = import_plans(context, plans, compact=not no_compact,
                                      show_progress=not as_json and bool(plans))
     if any(r.added for r in reports):
-        context.store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
-    depth_counts = {}
+        store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
+    depth_counts: dict[str, dict[str, int]] = {}
     for plan in plans:
-        session = context.store.sessions.find(context.agent_id, plan.session_key)
-        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in context.store.summaries.depth_stats(session.id)}
+        session = store.sessions.find(context.agent_id, plan.session_key)
+        depths = store.summaries.depth_stats(session.id) if session is not None else []
+        depth_counts[plan.session_key] = {f"d{d.depth}": d.count for d in depths}
     result = {"source": transcript.source, "agent": context.agent_id,
               "skipped": [{transcript.unit: w, "reason": why} for w, why in transcript.skipped],
               "sessions": [{"session_id": r.session_key, "in_file": r.in_file, "already_stored": r.already_stored,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from lcm.context.planning import TailPlan
@@ -60,7 +60,7 @@ class Assembly:
 
 
 def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def render_node(node: SummaryRecord, carried: bool) -> str:
@@ -108,88 +108,108 @@ def assemble(
     ``skipped`` = (first seq, last seq, count) of older raw messages the caller did not load
     because they cannot fit anyway (they are reported as left out).
 
-    When even the fresh tail with no summary does not fit, the tail shrinks: it starts at a
-    later assistant message, or at the newest user message (``newest_user_seq``), which with
-    everything after it always stays; what is left out is reported in the summary message.
-    Only when that newest turn alone is over the budget is the result ``over_budget`` (and
-    then the fresh tail is kept whole)."""
-    sys_tokens = tokens.count_message_text(message_text(system)) if system is not None else 0
-    raw_tokens = [r.token_count for r in raw]
+    In order, the first that fits the budget: every summary and the raw messages from the
+    oldest turn start on (leaving out the oldest turns as needed); then fewer summaries, oldest
+    dropped first; then the fresh tail itself shrinks, starting at a later assistant message or
+    at the newest user message (``newest_user_seq``), which with everything after it always
+    stays; then that newest turn with its largest messages cut (each pointing at its stored
+    original). Only when even that does not fit is the result ``over_budget`` (and then the
+    fresh tail is kept whole)."""
+    builder = _Builder(system, nodes, carried_ids, raw, skipped, overhead, tokens)
     tail_idx = next((i for i, r in enumerate(raw) if r.seq >= tail_start_seq), len(raw))
     # Where the verbatim part may start: index 0, or an assistant message before the tail.
     starts = [0] + [i for i in range(1, tail_idx + 1) if i < len(raw) and raw[i].role == "assistant"]
+    for start in starts:
+        if budget is None or builder.size(start, nodes, 0) <= budget:
+            return builder.result(start, nodes, 0, over=False)
+    assert budget is not None
+    last_start = starts[-1]
+    for dropped in range(1, len(nodes) + 1):
+        if builder.size(last_start, nodes[dropped:], dropped) <= budget:
+            return builder.result(last_start, nodes[dropped:], dropped, over=False)
+    newest_user = next((i for i, r in enumerate(raw) if r.seq == newest_user_seq), None)
+    later = [i for i in range(last_start + 1, len(raw))
+             if i == newest_user or (raw[i].role == "assistant" and (newest_user is None or i < newest_user))]
+    for start in later:  # the tail itself shrinks, down to the newest user turn
+        if builder.size(start, (), len(nodes)) <= budget:
+            return builder.result(start, (), len(nodes), over=False)
+    # Not even the newest turn fits: its largest messages are handed back cut, each with a
+    # pointer to its stored original. If that cannot fit either, the fresh tail goes back as it
+    # is, reported over budget (leaving out more would lose context without making it fit).
+    newest = later[-1] if later else last_start
+    if builder.cut_to_fit(newest, budget):
+        return builder.result(newest, (), len(nodes), over=False)
+    return builder.result(last_start, (), len(nodes), over=True)
 
-    def omitted_at(start: int) -> tuple[int, int, int] | None:
+
+class _Builder:
+    """Candidate contexts for one assembly: a start in the raw messages, the summaries kept,
+    and the messages cut to fit (``cuts``: raw index -> its cut copy)."""
+
+    def __init__(self, system: Mapping[str, Any] | None, nodes: Sequence[SummaryRecord],
+                 carried_ids: frozenset[int], raw: Sequence[MessageRecord],
+                 skipped: tuple[int, int, int] | None, overhead: int, tokens: TokenCounter):
+        self.system, self.nodes, self.carried_ids, self.raw = system, nodes, carried_ids, raw
+        self.skipped, self.overhead, self.tokens = skipped, overhead, tokens
+        self.system_tokens = tokens.count_message_text(message_text(system)) if system is not None else 0
+        self.raw_tokens = [r.token_count for r in raw]
+        self.sizes = list(self.raw_tokens)
+        self.cuts: dict[int, dict[str, Any]] = {}
+
+    def omitted_at(self, start: int) -> tuple[int, int, int] | None:
+        """(first seq, last seq, count) of the raw messages left out when starting at ``start``."""
+        skipped, raw = self.skipped, self.raw
         if start == 0:
             return skipped
         first = skipped[0] if skipped else raw[0].seq
         return (first, raw[start - 1].seq, start + (skipped[2] if skipped else 0))
 
-    cuts: dict[int, dict[str, Any]] = {}  # raw index -> its cut copy (see cut_to_fit)
-    sizes = list(raw_tokens)
-
-    def build(start: int, keep_nodes: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict[str, Any]], int]:
-        omitted = omitted_at(start)
-        out: list[dict[str, Any]] = [clean_message(system)] if system is not None else []
-        total = overhead + sys_tokens + sum(sizes[start:])
-        if keep_nodes or omitted or dropped:
-            summary = render_summary_message(keep_nodes, carried_ids, omitted, dropped)
+    def build(self, start: int, keep: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict[str, Any]], int]:
+        """The messages and their estimated tokens (the host's overhead included)."""
+        omitted = self.omitted_at(start)
+        out: list[dict[str, Any]] = [clean_message(self.system)] if self.system is not None else []
+        total = self.overhead + self.system_tokens + sum(self.sizes[start:])
+        if keep or omitted or dropped:
+            summary = render_summary_message(keep, self.carried_ids, omitted, dropped)
             out.append(summary)
-            total += tokens.count_message_text(summary["content"])
-            if start < len(raw) and raw[start].role != "assistant":
+            total += self.tokens.count_message_text(summary["content"])
+            if start < len(self.raw) and self.raw[start].role != "assistant":
                 out.append(dict(ACK_MESSAGE))  # user summary, then a user turn: alternate
-                total += tokens.count_message_text(SUMMARY_ACK)
-        out.extend(cuts.get(i, r.message) for i, r in enumerate(raw[start:], start))
+                total += self.tokens.count_message_text(SUMMARY_ACK)
+        out.extend(self.cuts.get(i, r.message) for i, r in enumerate(self.raw[start:], start))
         return out, total
 
-    def result(start: int, keep: Sequence[SummaryRecord], dropped: int, over: bool) -> Assembly:
-        out, total = build(start, keep, dropped)
+    def size(self, start: int, keep: Sequence[SummaryRecord], dropped: int) -> int:
+        return self.build(start, keep, dropped)[1]
+
+    def result(self, start: int, keep: Sequence[SummaryRecord], dropped: int, *, over: bool) -> Assembly:
+        out, total = self.build(start, keep, dropped)
+        raw = self.raw
         return Assembly(
             messages=out, tokens=total, raw_first_seq=raw[start].seq if start < len(raw) else None,
-            omitted_raw=omitted_at(start),
-            omitted_summaries=dropped, over_budget=over,
+            omitted_raw=self.omitted_at(start), omitted_summaries=dropped, over_budget=over,
             included=tuple(raw[start:]),
-            cut=tuple((cuts[i], raw[i]) for i in sorted(cuts) if i >= start))
+            cut=tuple((self.cuts[i], raw[i]) for i in sorted(self.cuts) if i >= start))
 
-    def cut_to_fit(start: int) -> bool:
+    def cut_to_fit(self, start: int, budget: int) -> bool:
         """Cut the largest text messages from ``start`` on (the newest turn) until the context
         fits; False (nothing cut) when even that cannot make it fit."""
+        raw, raw_tokens, dropped = self.raw, self.raw_tokens, len(self.nodes)
         for i in sorted(range(start, len(raw)), key=lambda i: -raw_tokens[i]):
-            total = build(start, (), len(nodes))[1]
-            if total <= budget:  # type: ignore[operator]
+            total = self.size(start, (), dropped)
+            if total <= budget:
                 return True
             text = raw[i].message.get("content")
             if not isinstance(text, str) or raw_tokens[i] < MIN_CUT_TOKENS:
                 continue
-            keep = max(MIN_CUT_TOKENS // 2, raw_tokens[i] - (total - budget) - CUT_NOTE_TOKENS)  # type: ignore[operator]
-            cuts[i] = cut_message(raw[i], int(len(text) * keep / raw_tokens[i]))
-            sizes[i] = tokens.count_message_text(message_text(cuts[i]))
-        if build(start, (), len(nodes))[1] <= budget:  # type: ignore[operator]
+            keep = max(MIN_CUT_TOKENS // 2, raw_tokens[i] - (total - budget) - CUT_NOTE_TOKENS)
+            self.cuts[i] = cut_message(raw[i], int(len(text) * keep / raw_tokens[i]))
+            self.sizes[i] = self.tokens.count_message_text(message_text(self.cuts[i]))
+        if self.size(start, (), dropped) <= budget:
             return True
-        cuts.clear()
-        sizes[:] = raw_tokens
+        self.cuts.clear()
+        self.sizes[:] = raw_tokens
         return False
-
-    for start in starts:
-        if budget is None or build(start, nodes, 0)[1] <= budget:
-            return result(start, nodes, 0, False)
-    last_start = starts[-1]
-    for dropped in range(1, len(nodes) + 1):
-        if build(last_start, nodes[dropped:], dropped)[1] <= budget:  # type: ignore[operator]
-            return result(last_start, nodes[dropped:], dropped, False)
-    newest_user = next((i for i, r in enumerate(raw) if r.seq == newest_user_seq), None)
-    later = [i for i in range(last_start + 1, len(raw))
-             if i == newest_user or (raw[i].role == "assistant" and (newest_user is None or i < newest_user))]
-    for start in later:  # the tail itself shrinks, down to the newest user turn
-        if build(start, (), len(nodes))[1] <= budget:  # type: ignore[operator]
-            return result(start, (), len(nodes), False)
-    # Not even the newest turn fits: its largest messages are handed back cut, each with a
-    # pointer to its stored original. If that cannot fit either, the fresh tail goes back as it
-    # is, reported over budget (leaving out more would lose context without making it fit).
-    newest = later[-1] if later else last_start
-    if cut_to_fit(newest):
-        return result(newest, (), len(nodes), False)
-    return result(last_start, (), len(nodes), True)
 
 
 #: A message is cut only when it is at least this large; what a cut message keeps, and what its

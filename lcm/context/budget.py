@@ -46,7 +46,7 @@ class Window:
     threshold_tokens: int = 0
 
     @classmethod
-    def from_config(cls, config: LcmConfig, context_length: int = 0) -> "Window":
+    def from_config(cls, config: LcmConfig, context_length: int = 0) -> Window:
         window = cls(config.context_threshold, config.max_assembly_tokens)
         window.resize(context_length)
         return window

@@ -124,6 +124,18 @@ def plan_tail(messages: MessagePort, session: SessionRecord, config: LcmConfig) 
         lo = wider
 
 
+@dataclass
+class _Run:
+    """A compaction call in progress: what it knows (kept up to date in memory) and was asked."""
+
+    view: CompactionView
+    plan: TailPlan | None
+    force: bool  # a pass is owed even under the target (cleared by the first leaf)
+    estimate: Callable[[SessionRecord], int]
+    target: float
+    focus: str | None
+
+
 class Compactor:
     """Runs compaction passes on one session through the storage ports."""
 
@@ -221,75 +233,79 @@ class Compactor:
         target (and nothing forces a pass) the answer costs no read at all.
         """
         started = time.monotonic()
-        deadline = self.deadline = started + self.config.max_compaction_seconds
+        self.deadline = started + self.config.max_compaction_seconds
         out = Outcome(tokens_before=estimate(session), at=time.time())
         if out.tokens_before < target and not force:
             out.status, out.reason = "not_needed", "the context is already under the target"
             out.tokens_after = out.tokens_before
             return CompactionResult(out, None, None)
-        session_pk = session.id
-        view = self.store.summaries.compaction_view(session_pk)
-        out.tokens_before = estimate(view.session)
-        plan: TailPlan | None = None
-        pending_force = force
-        while True:
-            if out.passes >= self.config.max_passes:
-                out.status, out.reason = "partial", (
-                    f"stopped after {out.passes} summaries (LCM_MAX_PASSES); the rest continues "
-                    "on the next compaction")
-                break
-            if time.monotonic() >= deadline:
-                out.status, out.reason = "partial", (
-                    f"stopped after {self.config.max_compaction_seconds} s "
-                    "(LCM_MAX_COMPACTION_SECONDS); the rest continues on the next compaction")
-                break
-            session = view.session
+        run = _Run(self.store.summaries.compaction_view(session.id), None, force, estimate, target, focus)
+        out.tokens_before = estimate(run.view.session)
+        while not self._bound_reached(out):
             try:
-                condense = condensable(view, self.config)
-                if condense is not None:
-                    depth, nodes = condense
-                    made = self.condense_pass(session, depth, nodes, focus)
-                    if isinstance(made, Stopped):
-                        out.status, out.reason = "stopped", made.reason
-                        break
-                    view = view_after_write(view, made, [n.id for n in nodes])
-                    self._count(out, made.node, condensed=True)
-                    continue
-                if estimate(session) < target and not pending_force:
-                    if out.passes:
-                        out.status, out.reason = "compacted", "the context is under the target"
-                    else:
-                        out.status, out.reason = "not_needed", "the context is already under the target"
+                if not self._pass(run, out):
                     break
-                if plan is None:
-                    plan = self.plan_tail(session)
-                chunk = self.leaf_chunk(view, plan)
-                if chunk is None:
-                    out.status = "compacted" if out.passes else "stopped"
-                    out.reason = (
-                        f"nothing outside the fresh tail is left to summarize (the tail, kept "
-                        f"verbatim, starts at message {plan.tail_start})"
-                        if session.last_seq >= plan.first_raw else
-                        "every stored message is already summarized")
-                    break
-                made = self.leaf_pass(view, plan, chunk, focus)
-                if isinstance(made, Stopped):
-                    out.status, out.reason = "stopped", made.reason
-                    break
-                view = view_after_write(view, made)
-                plan = plan.after_leaf(made.session.covered_seq)
-                out.messages_summarized += len(chunk)
-                self._count(out, made.node, condensed=False)
-                pending_force = False
             except IntegrityViolation as exc:  # another engine compacted the same session
                 log.info("lcm compaction: concurrent writer on session %s (%s); re-planning",
-                         session.session_key, exc)
+                         run.view.session.session_key, exc)
                 out.passes += 1
-                view, plan = self.store.summaries.compaction_view(session_pk), None
-                continue
-        out.tokens_after = estimate(view.session) if out.passes else out.tokens_before
+                run.view, run.plan = self.store.summaries.compaction_view(session.id), None
+        out.tokens_after = estimate(run.view.session) if out.passes else out.tokens_before
         out.seconds = round(time.monotonic() - started, 3)
-        return CompactionResult(out, view, plan)
+        return CompactionResult(out, run.view, run.plan)
+
+    def _bound_reached(self, out: Outcome) -> bool:
+        """LCM_MAX_PASSES or LCM_MAX_COMPACTION_SECONDS reached: the outcome says which."""
+        if out.passes >= self.config.max_passes:
+            out.status, out.reason = "partial", (
+                f"stopped after {out.passes} summaries (LCM_MAX_PASSES); the rest continues "
+                "on the next compaction")
+            return True
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            out.status, out.reason = "partial", (
+                f"stopped after {self.config.max_compaction_seconds} s "
+                "(LCM_MAX_COMPACTION_SECONDS); the rest continues on the next compaction")
+            return True
+        return False
+
+    def _pass(self, run: _Run, out: Outcome) -> bool:
+        """One pass: a condensation when one is due, else a leaf while over the target. False
+        when compaction is done (the outcome says why)."""
+        session = run.view.session
+        condense = condensable(run.view, self.config)
+        if condense is not None:
+            depth, nodes = condense
+            made = self.condense_pass(session, depth, nodes, run.focus)
+            if isinstance(made, Stopped):
+                out.status, out.reason = "stopped", made.reason
+                return False
+            run.view = view_after_write(run.view, made, [n.id for n in nodes])
+            self._count(out, made.node, condensed=True)
+            return True
+        if run.estimate(session) < run.target and not run.force:
+            out.status = "compacted" if out.passes else "not_needed"
+            out.reason = ("the context is under the target" if out.passes else
+                          "the context is already under the target")
+            return False
+        if run.plan is None:
+            run.plan = self.plan_tail(session)
+        plan = run.plan
+        chunk = self.leaf_chunk(run.view, plan)
+        if chunk is None:
+            out.status = "compacted" if out.passes else "stopped"
+            out.reason = (f"nothing outside the fresh tail is left to summarize (the tail, kept "
+                          f"verbatim, starts at message {plan.tail_start})"
+                          if session.last_seq >= plan.first_raw else "every stored message is already summarized")
+            return False
+        made = self.leaf_pass(run.view, plan, chunk, run.focus)
+        if isinstance(made, Stopped):
+            out.status, out.reason = "stopped", made.reason
+            return False
+        run.view, run.plan = view_after_write(run.view, made), plan.after_leaf(made.session.covered_seq)
+        out.messages_summarized += len(chunk)
+        self._count(out, made.node, condensed=False)
+        run.force = False
+        return True
 
     @staticmethod
     def _count(out: Outcome, made: SummaryRecord, *, condensed: bool) -> None:

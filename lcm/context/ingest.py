@@ -50,9 +50,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lcm.context.ports import StorePorts
 from lcm.errors import ConcurrentUpdateError
 from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
-from lcm.context.ports import StorePorts
 from lcm.prepare import PreparedMessage, message_identity, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
 from lcm.tokens import TokenCounter
@@ -280,7 +280,7 @@ class Ingestor:
             log.debug("lcm ingest: %d new message(s) in session %s", len(plan.new_idx), target.session_key)
         last = plan.mapped[-1] if plan.mapped else None
         extendable = last is not None and last == end_id
-        seen = HostView(list(good), [int(s) for s in plan.mapped], [int(t or 0) for t in plan.tokens],
+        seen = HostView(list(good), [int(s or 0) for s in plan.mapped], [int(t or 0) for t in plan.tokens],
                      target, target.last_seq if extendable else None,
                      end_identity if extendable else "", len(plan.new_idx),
                      host=list(messages), system=system, recall=recall,
@@ -345,6 +345,18 @@ class _Lineage:
         self.metas[:0] = metas
         self.owners[:0] = [owner] * len(metas)
 
+    @property
+    def keys(self) -> list[str]:
+        """Each stored message's alignment key (see :func:`meta_key`)."""
+        return [meta_key(m) for m in self.metas]
+
+    def positions(self) -> dict[str, list[int]]:
+        """Where each key occurs in the lineage, oldest first."""
+        out: dict[str, list[int]] = {}
+        for j, key in enumerate(self.keys):
+            out.setdefault(key, []).append(j)
+        return out
+
 
 def _lineage(reader: AlignmentReads, session: SessionRecord, want: int, from_seq: int | None = None) -> _Lineage:
     """``from_seq``: a window of ``want`` messages from there instead (a host far behind the
@@ -368,22 +380,18 @@ def _lineage(reader: AlignmentReads, session: SessionRecord, want: int, from_seq
 
 
 def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan:
+    """Where each of the transcript's messages (by ``keys``) is stored, and where the new ones go."""
     session = reader.session(session_pk)
     n = len(keys)
-    mapped: list[int | None] = [None] * n
-    tokens: list[int | None] = [None] * n
     lineage = _lineage(reader, session, n + WINDOW_SLACK) if session.last_seq or session.parent_id else _Lineage()
-    metas, owners = lineage.metas, lineage.owners
-    stored = [meta_key(m) for m in metas]
-    end_store_id = metas[-1].store_id if metas else None
-    anchor = metas[-1].identity if metas else ""
-    if not metas:
-        return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
-    positions: dict[str, list[int]] = {}
-    for j, key in enumerate(stored):
-        positions.setdefault(key, []).append(j)
-    start = _alignment_start(keys, stored, positions)
-    if (start is None or start[0] > 0) and keys and metas[0].seq > 1 and owners[0].id == session.id:
+    plan = _Plan([None] * n, [None] * n, [], session, "", None, None)
+    if not lineage.metas:
+        plan.new_idx = list(range(n))
+        return plan
+    plan.anchor, plan.end_store_id = lineage.metas[-1].identity, lineage.metas[-1].store_id
+    positions = lineage.positions()
+    start = _alignment_start(keys, lineage.keys, positions)
+    if (start is None or start[0] > 0) and keys and lineage.metas[0].seq > 1 and lineage.owners[0].id == session.id:
         # The window (which does not reach the session's start) explains no transcript from
         # its first message: nothing matched, or only a later message did (an "ok" matches
         # many). A host far behind (a restarted host re-sending its history turn by turn, a
@@ -394,24 +402,33 @@ def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan
         seq = reader.seq_of_identity(session.id, first_identity)
         if seq is not None:
             lineage = _lineage(reader, session, n + WINDOW_SLACK, from_seq=seq)
-            metas, owners = lineage.metas, lineage.owners
-            stored = [meta_key(m) for m in metas]
-            positions = {}
-            for j, key in enumerate(stored):
-                positions.setdefault(key, []).append(j)
-            start = _alignment_start(keys, stored, positions)
+            positions = lineage.positions()
+            start = _alignment_start(keys, lineage.keys, positions)
     if start is None:  # nothing in the transcript is stored: it all follows the stored history
-        return _Plan(mapped, tokens, list(range(n)), session, anchor, None, end_store_id)
-    first, p, sure = start
-    i = first
-    target, fork_seq = session, None
+        plan.new_idx = list(range(n))
+        return plan
+    first, at, plan.sure = start
+    _follow(reader, keys, lineage, first, at, plan)
+    _map_before_start(reader, session, keys, lineage, positions, first, plan)
+    plan.new_idx = [i for i in range(n) if plan.mapped[i] is None]
+    return plan
+
+
+def _follow(reader: AlignmentReads, keys: Sequence[str], lineage: _Lineage, first: int, at: int,
+            plan: _Plan) -> None:
+    """Map the transcript from ``first`` one for one onto the lineage from ``at``, into the forks
+    it continues; where it goes its own way with history left after it, the new messages start
+    a fork there (``plan.fork_seq``)."""
+    n = len(keys)
+    metas, owners, stored = lineage.metas, lineage.owners, lineage.keys
+    i, p = first, at
     for _ in range(MAX_FOLLOW):
         while i < n and p < len(stored) and keys[i] == stored[p]:
-            mapped[i], tokens[i] = metas[p].store_id, metas[p].token_count
+            plan.mapped[i], plan.tokens[i] = metas[p].store_id, metas[p].token_count
             i, p = i + 1, p + 1
         if i == n or p == len(stored):
-            target, anchor, end_store_id = owners[-1], metas[-1].identity, metas[-1].store_id
-            break
+            plan.target, plan.anchor, plan.end_store_id = owners[-1], metas[-1].identity, metas[-1].store_id
+            return
         # Diverged after stored position p - 1: continue a fork that starts the same way, or
         # start one.
         owner, shared = owners[p - 1], metas[p - 1]
@@ -422,13 +439,16 @@ def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan
                 follow = (fork, head)
                 break
         if follow is None:
-            target, fork_seq, anchor = owner, shared.seq, shared.identity
-            end_store_id = None
-            break
+            plan.target, plan.fork_seq, plan.anchor, plan.end_store_id = owner, shared.seq, shared.identity, None
+            return
         fork, head = follow
         metas, owners, stored, p = head, [fork] * len(head), [meta_key(m) for m in head], 0
-    # Messages before the alignment start that the store knows elsewhere (the host kept or
-    # moved them) are not new.
+
+
+def _map_before_start(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], lineage: _Lineage,
+                      positions: Mapping[str, list[int]], first: int, plan: _Plan) -> None:
+    """Messages before the alignment start that the store knows elsewhere (the host kept or
+    moved them) are not new."""
     older: dict[str, MessageMeta] | None = None
     for i in range(first):
         if keys[i] in positions:
@@ -439,12 +459,10 @@ def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan
                          } if lineage.owners[0].id == session.id and lineage.metas[0].seq > 1 else {}
             hit = older.get(keys[i])
         if hit is not None:
-            mapped[i], tokens[i] = hit.store_id, hit.token_count
+            plan.mapped[i], plan.tokens[i] = hit.store_id, hit.token_count
         else:
             log.info("lcm ingest: session %s: a message the host holds before the stored ones it "
                      "continues is stored at the end", session.session_key)
-    new_idx = [i for i in range(n) if mapped[i] is None]
-    return _Plan(mapped, tokens, new_idx, target, anchor, fork_seq, end_store_id, sure)
 
 
 def _alignment_start(keys: Sequence[str], stored: Sequence[str],
@@ -482,7 +500,8 @@ def _alignment_start(keys: Sequence[str], stored: Sequence[str],
 
 def _partition(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     """(messages that can be stored, messages that cannot be stored at all)."""
-    good, bad = [], []
+    good: list[Any] = []
+    bad: list[Any] = []
     for m in messages:
         (bad if unstorable_reason(m) is not None else good).append(m)
     return good, bad

@@ -122,7 +122,7 @@ class TailPlan:
         top = self.last_seq if last_seq is None else last_seq
         return [r for r in self.records[max(0, first_seq - self.loaded_from):] if r.seq <= top]
 
-    def after_leaf(self, covered_seq: int) -> "TailPlan":
+    def after_leaf(self, covered_seq: int) -> TailPlan:
         """The same plan once a leaf covers the raw region up to ``covered_seq``."""
         return replace(self, first_raw=covered_seq + 1)
 

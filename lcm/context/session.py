@@ -27,7 +27,7 @@ from lcm.config import LcmConfig
 from lcm.context.assembly import Assembly, assemble, load_raw
 from lcm.context.budget import Window, context_estimate, planning_config
 from lcm.context.compactor import Compactor
-from lcm.context.ingest import IngestResult, Ingestor, message_key
+from lcm.context.ingest import Ingestor, IngestResult, message_key
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
 from lcm.context.summarize import HostRoute, Summarizer
@@ -123,7 +123,7 @@ class ContextSession:
         self._stalled_at: int | None = None  # context size at which compaction last found nothing
         self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
 
-    def clone(self) -> "ContextSession":
+    def clone(self) -> ContextSession:
         """A fresh context for another agent or copy of the host: same settings, store,
         tokenizer and window, none of this one's session state."""
         twin = ContextSession(self.config, self._store, open_store=self._open_store,
@@ -204,11 +204,9 @@ class ContextSession:
         self.current = None
         request = StartRequest(str(session_key or DEFAULT_SESSION_KEY), short(platform, PLATFORM_CHARS),
                                short(conversation_id, CONVERSATION_ID_CHARS), continues or None)
-        self._start(request)
-        assert self.current is not None
-        return self.current
+        return self._start(request)
 
-    def _start(self, request: StartRequest) -> None:
+    def _start(self, request: StartRequest) -> SessionRecord:
         self._pending_start = request
         sessions = self.store.sessions
         if request.continues is not None:
@@ -216,7 +214,7 @@ class ContextSession:
             if found is not None:  # the same conversation continues under a new host key
                 self.current = sessions.alias(self.agent_id, request.session_key, found.id)
                 self._pending_start = None
-                return
+                return self.current
         session = sessions.get_or_create(self.agent_id, request.session_key, platform=request.platform,
                                          conversation_id=request.conversation_id)
         if self._carry_from is not None and self._carry_from != session.id:
@@ -224,6 +222,7 @@ class ContextSession:
         self._carry_from = None
         self.current = session
         self._pending_start = None
+        return session
 
     def attach(self, session_key: str) -> SessionRecord:
         """Bind to an existing session of this agent (never creating one): the command line's
@@ -336,6 +335,46 @@ class ContextSession:
                 "host re-sending its history): its context is left as it is"), "passes": 0,
                 "at": time.time()})
             return messages
+        sys_tokens, host_size = self._measure(messages, seen, current_tokens)
+        done = self.compactor.run(seen.session, estimate=context_estimate(self.overhead, sys_tokens),
+                                  target=self.window.target, force=force, focus=focus)
+        outcome = done.outcome
+        # Nothing could be done at this size: should_compact stops promising until it grows.
+        self._stalled_at = host_size if outcome.passes == 0 and outcome.status == "stopped" else None
+        over_cap = bool(self.window.assembly_cap) and host_size > self.window.assembly_cap
+        if outcome.passes == 0 and self._extends_handed(messages):
+            # Nothing compacted and the host holds what lcm last handed over plus new
+            # messages: assembling again would give back exactly this list.
+            self.record({**outcome.as_dict(), "over_budget": over_cap})
+            return messages
+        view = done.view if done.view is not None else self.store.summaries.compaction_view(seen.session.id)
+        self.current = view.session
+        assembly = self._assemble(view, done.plan, seen.system)
+        result = {**outcome.as_dict(), "assembled_tokens": assembly.tokens, "over_budget": assembly.over_budget,
+                  "omitted_messages": assembly.omitted_raw[2] if assembly.omitted_raw else 0,
+                  "omitted_summaries": assembly.omitted_summaries}
+        if assembly.over_budget:
+            result["reason"] += (f"; over budget: the fresh tail alone needs more than the "
+                                 f"{self.window.assembly_cap}-token cap")
+        if assembly.messages != list(messages) and assembly.tokens < host_size:
+            self.compactions += 1
+            self._hand_over(view.session, assembly, result)
+            self._handed = list(assembly.messages)
+            return assembly.messages
+        if assembly.messages != list(messages):
+            result["reason"] += "; the assembled context would not be smaller: the host keeps its own"
+            self._stalled_at = host_size
+        else:
+            self._handed = list(messages)
+        # What the host keeps is what it sends: over the cap is over budget, whatever the reason.
+        result["over_budget"] = bool(result["over_budget"]) or over_cap
+        self.record(result)
+        return messages
+
+    def _measure(self, messages: Sequence[Any], seen: IngestResult,
+                 current_tokens: int | None) -> tuple[int, int]:
+        """(the system prompt's tokens, the size of the host's context): lcm's count of what the
+        host sent plus the host's overhead, learned from the prompt size it reports."""
         tokens = self.tokens
         sys_tokens = tokens.count_message_text(message_text(seen.system)) if seen.system else 0
         own_summaries = [m for m in messages if self.own_messages(m)]
@@ -344,46 +383,7 @@ class ContextSession:
         host_total = current_tokens if current_tokens else max(self.usage.prompt_tokens, 0)
         if host_total:
             self.overhead = max(0, int(host_total) - input_tokens)
-        done = self.compactor.run(seen.session, estimate=context_estimate(self.overhead, sys_tokens),
-                                  target=self.window.target, force=force, focus=focus)
-        outcome = done.outcome
-        # Nothing could be done at this size: should_compact stops promising until it grows.
-        self._stalled_at = self.overhead + input_tokens if (
-            outcome.passes == 0 and outcome.status == "stopped") else None
-        host_size = self.overhead + input_tokens
-        cap = self.window.assembly_cap
-        if outcome.passes == 0 and self._extends_handed(messages):
-            # Nothing compacted and the host holds what lcm last handed over plus new
-            # messages: assembling again would give back exactly this list.
-            kept = outcome.as_dict()
-            kept["over_budget"] = bool(cap) and host_size > cap
-            self.record(kept)
-            return messages
-        view = done.view if done.view is not None else self.store.summaries.compaction_view(seen.session.id)
-        self.current = view.session
-        assembly = self._assemble(view, done.plan, seen.system)
-        result: dict[str, Any] = outcome.as_dict()
-        result.update({"assembled_tokens": assembly.tokens, "over_budget": assembly.over_budget,
-                       "omitted_messages": assembly.omitted_raw[2] if assembly.omitted_raw else 0,
-                       "omitted_summaries": assembly.omitted_summaries})
-        if assembly.over_budget:
-            result["reason"] += (f"; over budget: the fresh tail alone needs more than the "
-                                 f"{cap}-token cap")
-        out = assembly.messages
-        if out == list(messages) or assembly.tokens >= host_size:
-            if out != list(messages):
-                result["reason"] += "; the assembled context would not be smaller: the host keeps its own"
-                self._stalled_at = host_size
-            else:
-                self._handed = list(messages)
-            # What the host keeps is what it sends: over the cap is over budget, whatever the reason.
-            result["over_budget"] = bool(result["over_budget"]) or (bool(cap) and host_size > cap)
-            self.record(result)
-            return messages
-        self.compactions += 1
-        self._hand_over(view.session, assembly, result)
-        self._handed = list(out)
-        return out
+        return sys_tokens, self.overhead + input_tokens
 
     def compact_stored(self, *, force: bool = False, focus: str | None = None) -> dict[str, Any]:
         """Compact the bound session from what is stored, with no host transcript: what an

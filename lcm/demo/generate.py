@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import random
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 SEED = 20260302
 DAY = 86_400

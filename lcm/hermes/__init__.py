@@ -27,7 +27,7 @@ def hermes_home() -> Path | None:
         return hermes_home_from_env()
 
 
-def build_engine(ctx: Any = None) -> "LcmEngine":
+def build_engine(ctx: Any = None) -> LcmEngine:
     """The engine the plugin registers: settings from the environment (Hermes has loaded its
     ``.env`` by then), the database in the Hermes home unless ``LCM_DATABASE_URL`` says
     otherwise, the agent scope from the profile. No I/O here. (The engine module is imported

@@ -57,7 +57,7 @@ class _Forward(Generic[T]):
         setattr(getattr(engine.context, self.part), self.name, value)
 
 
-class LcmEngine(ContextEngineBase):  # type: ignore[misc,valid-type]
+class LcmEngine(ContextEngineBase):  # type: ignore[misc]
     """Lossless context management behind the host's context-engine contract."""
 
     context_length: _Forward[int] = _Forward("window", "context_length")
@@ -104,14 +104,14 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc,valid-type]
     def compression_count(self, value: int) -> None:
         self.context.compactions = int(value)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "LcmEngine":
+    def __deepcopy__(self, memo: dict[int, Any]) -> LcmEngine:
         """A fresh engine for another agent: same settings and shared store, own state."""
         clone = copy.copy(self)
         clone.context = self.context.clone()
         clone._lock = threading.RLock()
         return clone
 
-    def clone_for_agent(self) -> "LcmEngine":
+    def clone_for_agent(self) -> LcmEngine:
         return copy.deepcopy(self)
 
     # ------------------------------------------------------------------ the Hermes home

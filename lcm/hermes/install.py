@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
 from lcm.config import database_url_from_env, hermes_home_from_env
 from lcm.errors import ConfigError
 from lcm.store import Store
@@ -71,11 +74,8 @@ class SetupReport:
                 "backups": self.backups, "database": self.database}
 
 
-def _yaml():
-    try:
-        from ruamel.yaml import YAML
-    except ImportError as exc:  # pragma: no cover - ruamel.yaml is a dependency
-        raise ConfigError("ruamel.yaml is needed to edit Hermes' config.yaml: pip install ruamel.yaml") from exc
+def _yaml() -> YAML:
+    """Round-trip YAML: comments, quotes and key order survive lcm's edit."""
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.indent(mapping=2, sequence=4, offset=2)
@@ -83,14 +83,13 @@ def _yaml():
 
 
 def _load_config(path: Path) -> Any:
-    from ruamel.yaml.comments import CommentedMap
-
     if not path.exists():
         return CommentedMap()
     try:
         data = _yaml().load(path.read_text(encoding="utf-8"))
-    except Exception as exc:  # noqa: BLE001 - ruamel raises many kinds
-        raise ConfigError(f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix it first, lcm did not change it") from exc
+    except Exception as exc:
+        raise ConfigError(f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix it first, "
+                          "lcm did not change it") from exc
     if data is None:
         return CommentedMap()
     if not isinstance(data, dict):
@@ -122,8 +121,6 @@ def _backup(path: Path, report: SetupReport) -> None:
 
 
 def _section(data: Any, key: str) -> Any:
-    from ruamel.yaml.comments import CommentedMap
-
     value = data.get(key)
     if not isinstance(value, dict):
         value = CommentedMap()
@@ -213,8 +210,6 @@ def _install_plugin_files(plugin_dir: Path, report: SetupReport) -> None:
 def _enable_in_config(home: Path, state_path: Path, report: SetupReport) -> None:
     """config.yaml: enable the plugin, select the engine, disable rival engine plugins; what
     was replaced is recorded in the install state for ``uninstall``."""
-    from ruamel.yaml.comments import CommentedSeq
-
     state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
     config = _load_config(report.config)
     before = _dump(config)

@@ -49,7 +49,7 @@ class Store:
         self.health = HealthRepository(core)
 
     @classmethod
-    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None) -> "Store":
+    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None) -> Store:
         """Open (and for SQLite create or upgrade) the lcm database at ``url`` (default:
         ``LCM_DATABASE_URL``, else ``~/.lcm/lcm.db``).
 
@@ -108,5 +108,5 @@ class Store:
     def fault_hook(self, hook: Callable[[str], None] | None) -> None:
         self._core.on_write_step = hook
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "Store":
+    def __deepcopy__(self, memo: dict[int, Any]) -> Store:
         return self  # a store is a shared handle on a process-wide engine, never copied

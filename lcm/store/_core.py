@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Select, Table, select
+from sqlalchemy import Connection, Engine, RowMapping, Select, Table, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -223,7 +223,7 @@ class StoreCore:
         return name
 
     @staticmethod
-    def lock_session(conn: Connection, session_pk: int) -> Mapping[str, Any]:
+    def lock_session(conn: Connection, session_pk: int) -> RowMapping:
         """The session's row, locked until the transaction ends (NotFoundError if none)."""
         row = conn.execute(
             select(sessions_t).where(sessions_t.c.id == session_pk).with_for_update()).first()

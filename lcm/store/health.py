@@ -131,7 +131,7 @@ class HealthRepository:
             e.c.summary_id == s.c.id).exists())).scalars().all()
         if broken or empty_leaves:
             problems.append(f"leaves whose edges disagree with their recorded range: "
-                            f"{(broken + empty_leaves)[:10]}")
+                            f"{[*broken, *empty_leaves][:10]}")
         gaps = conn.execute(select(s.c.id).join(leaves, leaves.c.summary_id == s.c.id).where(
             leaves.c.n != select(func.count()).select_from(m).where(
                 m.c.session_id == s.c.session_id, m.c.seq >= leaves.c.lo,

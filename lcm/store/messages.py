@@ -16,13 +16,20 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, select, update
+from sqlalchemy import Connection, RowMapping, Select, bindparam, select, update
 
 from lcm import codec
 from lcm.errors import ConcurrentUpdateError, StaleViewError
 from lcm.messages import decode_message
-from lcm.prepare import PAYLOAD_CODEC, Payload, PreparedMessage, chain_identities, decompress_payload
-from lcm.prepare import first_of_each, row_time
+from lcm.prepare import (
+    PAYLOAD_CODEC,
+    Payload,
+    PreparedMessage,
+    chain_identities,
+    decompress_payload,
+    first_of_each,
+    row_time,
+)
 from lcm.records import AppendResult, MessageMeta, MessageRecord
 from lcm.store._core import (
     MAX_PAGE_LIMIT,
@@ -133,17 +140,12 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
     ts_now = time.time() if now is None else now
     times = [row_time(timestamps[i] if timestamps is not None else None, p.encoded.host_timestamp, ts_now)
              for i, p in enumerate(prepared)]
-    session: Mapping[str, Any]
+    session: RowMapping  # the session row, as locked (or bumped) in this transaction
     if expect_last_seq is not None:
         # The caller's view is current: nothing of this can be stored yet. Claim the seq
         # numbers first (one UPDATE that also locks the row), then insert.
         fresh = first_of_each(identities)
-        bumped = conn.execute(_BUMP_SESSION, {
-            "sid": session_pk, "expected": expect_last_seq, "new_last": expect_last_seq + len(fresh),
-            "n": len(fresh), "tok": sum(prepared[i].token_count for i in fresh), "now": ts_now}).first()
-        if bumped is None:
-            raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expect_last_seq}")
-        session = bumped._mapping
+        session = _bump(conn, session_pk, expect_last_seq, [prepared[i] for i in fresh], ts_now)
         known: dict[str, int] = {}
         first_seq = expect_last_seq
     else:
@@ -153,31 +155,10 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
                 messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
         fresh = [i for i in first_of_each(identities) if identities[i] not in known]
         first_seq = session["last_seq"]
-    payload_ids = store_payloads(core, conn, [p for i in fresh if (p := prepared[i].payload) is not None])
-    rows: list[dict[str, Any]] = []
-    index: list[IndexRow] = []
-    for seq, i in enumerate(fresh, start=first_seq + 1):
-        p, e = prepared[i], prepared[i].encoded
-        rows.append({
-            "session_id": session_pk, "agent_id": session["agent_id"], "seq": seq,
-            "identity": identities[i],
-            "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
-            "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
-            "name": e.name, "extra": e.extra, "key_order": e.key_order,
-            "payload_id": payload_ids[p.payload.sha256] if p.payload is not None else None,
-            "search_text": p.search_text, "token_count": p.token_count,
-            "ts": times[i], "problem": e.problem,
-        })
-        index.append(IndexRow(body=p.body, session_pk=session_pk, agent_pk=session["agent_id"], role=e.role))
-    inserted = core.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
-    if len(inserted) != len(rows):
-        raise ConcurrentUpdateError(
-            "another writer stored some of these messages concurrently; nothing was written")
-    known.update({identity: row_id for row_id, identity in inserted})
-    if rows and expect_last_seq is None:
-        session = conn.execute(_BUMP_SESSION, {
-            "sid": session_pk, "expected": first_seq, "new_last": first_seq + len(rows),
-            "n": len(rows), "tok": sum(r["token_count"] for r in rows), "now": ts_now}).one()._mapping
+    inserted = _insert(core, conn, session, first_seq, [(identities[i], prepared[i], times[i]) for i in fresh])
+    known.update(inserted)
+    if fresh and expect_last_seq is None:
+        session = _bump(conn, session_pk, first_seq, [prepared[i] for i in fresh], ts_now)
     record = session_record({**session, "agent_name": core.agent_name(conn, session["agent_id"])})
     fresh_set = set(fresh)
     return AppendResult(
@@ -187,6 +168,44 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
         last_identity=identities[-1] if identities else (after_identity or ""),
         token_counts=tuple(p.token_count for p in prepared),
     )
+
+
+def _bump(conn: Connection, session_pk: int, expected_last: int, added: Sequence[PreparedMessage],
+          now: float) -> RowMapping:
+    """Claim seq numbers after ``expected_last`` for ``added`` and add their counts: the
+    session row, now locked; StaleViewError when the session is no longer where expected."""
+    bumped = conn.execute(_BUMP_SESSION, {
+        "sid": session_pk, "expected": expected_last, "new_last": expected_last + len(added),
+        "n": len(added), "tok": sum(p.token_count for p in added), "now": now}).first()
+    if bumped is None:
+        raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expected_last}")
+    return bumped._mapping
+
+
+def _insert(core: StoreCore, conn: Connection, session: RowMapping, after_seq: int,
+            new: Sequence[tuple[str, PreparedMessage, float]]) -> dict[str, int]:
+    """Insert (identity, prepared, time) rows with the seq numbers after ``after_seq``, their
+    payloads stored once; store ids by identity. ConcurrentUpdateError (nothing written) when
+    another writer stored one of them first."""
+    payload_ids = store_payloads(core, conn, [p.payload for _, p, _ in new if p.payload is not None])
+    rows: list[dict[str, Any]] = []
+    index: list[IndexRow] = []
+    for seq, (identity, p, ts) in enumerate(new, start=after_seq + 1):
+        e = p.encoded
+        rows.append({
+            "session_id": session["id"], "agent_id": session["agent_id"], "seq": seq, "identity": identity,
+            "content_hash": e.content_hash, "role": e.role, "content_kind": e.content_kind,
+            "content": e.content, "tool_calls": e.tool_calls, "tool_call_id": e.tool_call_id,
+            "name": e.name, "extra": e.extra, "key_order": e.key_order,
+            "payload_id": payload_ids[p.payload.sha256] if p.payload is not None else None,
+            "search_text": p.search_text, "token_count": p.token_count, "ts": ts, "problem": e.problem,
+        })
+        index.append(IndexRow(body=p.body, session_pk=session["id"], agent_pk=session["agent_id"], role=e.role))
+    inserted = core.backend.insert_rows(conn, messages_t, rows, index, ("id", "identity"))
+    if len(inserted) != len(rows):
+        raise ConcurrentUpdateError(
+            "another writer stored some of these messages concurrently; nothing was written")
+    return {identity: row_id for row_id, identity in inserted}
 
 
 class MessageRepository:

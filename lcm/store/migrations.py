@@ -18,6 +18,10 @@ from typing import Any
 
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
+
+from lcm.errors import DatabaseUnavailableError
+from lcm.store import connection
 
 #: Every revision of the history, oldest first. Append here when adding a revision.
 KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "0003_engine_state",
@@ -93,6 +97,21 @@ def schema_state(conn: Connection) -> SchemaState:
     return SchemaState(current=current_revision(conn), head=HEAD)
 
 
+def state_at(url: URL) -> SchemaState:
+    """The schema state of the database at ``url``, on a connection of its own (nothing
+    pooled, nothing created): what ``lcm db`` reports. DatabaseUnavailableError when it cannot
+    be reached."""
+    engine = connection.standalone_engine(url)
+    try:
+        with engine.connect() as conn:
+            return schema_state(conn)
+    except OperationalError as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        raise DatabaseUnavailableError(f"cannot connect to {connection.display_url(url)}: {reason}") from exc
+    finally:
+        engine.dispose()
+
+
 def upgrade(url: URL, revision: str = "head") -> None:
     from alembic import command
 
@@ -113,7 +132,6 @@ def history() -> list[dict[str, str | None]]:
     scripts = ScriptDirectory.from_config(cfg)
     revs = list(scripts.walk_revisions())
     revs.reverse()
-    return [
-        {"revision": r.revision, "down_revision": r.down_revision, "message": r.doc}
-        for r in revs
-    ]
+    return [{"revision": r.revision, "message": r.doc,
+             "down_revision": r.down_revision if isinstance(r.down_revision, str | None)
+             else ",".join(r.down_revision)} for r in revs]

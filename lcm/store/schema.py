@@ -143,8 +143,9 @@ class CarriedSummary(Base):
 
 class Generated(Base):
     """A message lcm generated and put into a context (its summary, its acknowledgement, a cut
-    copy of a message too large for the window), by digest: when a host sends one back, lcm knows it as its own by this, never by its text
-    (a user may paste text that looks like lcm's summary; that is a message to store)."""
+    copy of a message too large for the window), by digest: when a host sends one back, lcm
+    knows it as its own by this, never by its text (a user may paste text that looks like lcm's
+    summary; that is a message to store)."""
 
     __tablename__ = "lcm_generated"
 

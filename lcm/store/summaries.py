@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, case, func, select, update
+from sqlalchemy import Connection, RowMapping, Select, case, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
@@ -53,7 +53,7 @@ def _carried_select(session_pk: int) -> Select[Any]:
         carried_t.c.session_id == session_pk).order_by(carried_t.c.ordinal)
 
 
-def _leaf_span(conn: Connection, session: Any, ids: list[int]) -> dict[str, Any]:
+def _leaf_span(conn: Connection, session: RowMapping, ids: list[int]) -> dict[str, Any]:
     session_pk = session["id"]
     rows = fetch_in(conn, ids, lambda chunk: select(
         messages_t.c.id, messages_t.c.seq, messages_t.c.token_count, messages_t.c.ts).where(
@@ -102,6 +102,38 @@ def _condensed_span(conn: Connection, session_pk: int, depth: int, ids: list[int
             "latest": max(c.latest_at for c in children)}
 
 
+def _checked_sources(new: NewSummary) -> list[int]:
+    """The summary's source ids, once the summary is known to be writable at all."""
+    checked_int("depth", new.depth, low=0)
+    if not isinstance(new.content, str) or not new.content.strip():
+        raise ValueError("a summary needs non-empty text")
+    ids = list(new.source_ids)
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError("a summary needs at least one source, each listed once")
+    return ids
+
+
+def _move_counters(conn: Connection, session_pk: int, new: NewSummary, ids: list[int], node_id: int,
+                   span: dict[str, Any], created: float) -> None:
+    """A leaf moves the session's coverage; a condensation marks its children condensed (or
+    finds another writer did first). Either way the summaries a context shows change."""
+    if new.depth == 0:
+        conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+            covered_seq=span["last_seq"],
+            covered_tokens=sessions_t.c.covered_tokens + span["source_tokens"],
+            summary_count=sessions_t.c.summary_count + 1,
+            summary_tokens=sessions_t.c.summary_tokens + new.token_count, updated_at=created))
+        return
+    done = conn.execute(update(summaries_t).where(
+        summaries_t.c.id.in_(ids), summaries_t.c.parent_id.is_(None)).values(parent_id=node_id)).rowcount
+    if done != len(ids):
+        raise ConcurrentUpdateError("another writer condensed these summaries first")
+    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+        summary_count=sessions_t.c.summary_count + 1 - len(ids),
+        summary_tokens=sessions_t.c.summary_tokens + new.token_count - span["source_tokens"],
+        updated_at=created))
+
+
 class SummaryRepository:
     """Summary nodes and their edges (``store.summaries``)."""
 
@@ -117,61 +149,21 @@ class SummaryRepository:
         IntegrityViolation and writes nothing; a concurrent writer that covered the same
         sources first raises ConcurrentUpdateError.
         """
-        checked_int("depth", new.depth, low=0)
-        if not isinstance(new.content, str) or not new.content.strip():
-            raise ValueError("a summary needs non-empty text")
-        ids = list(new.source_ids)
-        if not ids or len(set(ids)) != len(ids):
-            raise ValueError("a summary needs at least one source, each listed once")
+        ids = _checked_sources(new)
         content = codec.strip_unstorable(new.content)
-        body = index_body(content)
         created = time.time() if now is None else now
         core = self._core
         try:
             with core.write() as conn:
                 session = core.lock_session(conn, session_pk)
-                if new.depth == 0:
-                    span = _leaf_span(conn, session, ids)
-                else:
-                    span = _condensed_span(conn, session_pk, new.depth, ids)
-                row = {
-                    "session_id": session_pk, "agent_id": session["agent_id"],
-                    "depth": new.depth, "content": content,
-                    "search_text": None if body == content else body,
-                    "token_count": checked_int("token_count", new.token_count, low=0),
-                    "source_token_count": span["source_tokens"], "source_count": len(ids),
-                    "first_seq": span["first_seq"], "last_seq": span["last_seq"],
-                    "earliest_at": span["earliest"], "latest_at": span["latest"],
-                    "expand_hint": codec.strip_unstorable(new.expand_hint or ""),
-                    "kind": checked_text("kind", new.kind, 32), "model": new.model,
-                    "parent_id": None,
-                    "meta": codec.encode_json(new.meta) if new.meta is not None else None,
-                    "created_at": created,
-                }
-                ix = IndexRow(body=body, session_pk=session_pk, agent_pk=session["agent_id"])
-                [(node_id,)] = core.backend.insert_rows(conn, summaries_t, [row], [ix], ("id",))
-                core.fault_point("summary_inserted")
+                span = _leaf_span(conn, session, ids) if new.depth == 0 else _condensed_span(
+                    conn, session_pk, new.depth, ids)
+                node_id = self._insert_node(conn, session, new, content, span, len(ids), created)
                 column = "message_id" if new.depth == 0 else "child_id"
                 conn.execute(edges_t.insert(), [
                     {"summary_id": node_id, "ordinal": i, column: source} for i, source in enumerate(ids)])
                 core.fault_point("edges_inserted")
-                if new.depth == 0:
-                    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
-                        covered_seq=span["last_seq"],
-                        covered_tokens=sessions_t.c.covered_tokens + span["source_tokens"],
-                        summary_count=sessions_t.c.summary_count + 1,
-                        summary_tokens=sessions_t.c.summary_tokens + row["token_count"],
-                        updated_at=created))
-                else:
-                    done = conn.execute(update(summaries_t).where(
-                        summaries_t.c.id.in_(ids), summaries_t.c.parent_id.is_(None)).values(
-                        parent_id=node_id)).rowcount
-                    if done != len(ids):
-                        raise ConcurrentUpdateError("another writer condensed these summaries first")
-                    conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
-                        summary_count=sessions_t.c.summary_count + 1 - len(ids),
-                        summary_tokens=sessions_t.c.summary_tokens + row["token_count"]
-                        - span["source_tokens"], updated_at=created))
+                _move_counters(conn, session_pk, new, ids, node_id, span, created)
                 node = summary_record(conn.execute(select(summaries_t).where(summaries_t.c.id == node_id)).one())
                 after = core.session_of(conn, session_pk)
         except IntegrityError as exc:
@@ -179,6 +171,27 @@ class SummaryRepository:
                 f"these sources are already summarized (another writer got there first): "
                 f"{first_line(exc)}") from exc
         return WrittenSummary(node, after)
+
+    def _insert_node(self, conn: Connection, session: RowMapping, new: NewSummary, content: str,
+                     span: dict[str, Any], sources: int, created: float) -> int:
+        """The summary row (and its search index entry); its id."""
+        body = index_body(content)
+        row = {
+            "session_id": session["id"], "agent_id": session["agent_id"], "depth": new.depth,
+            "content": content, "search_text": None if body == content else body,
+            "token_count": checked_int("token_count", new.token_count, low=0),
+            "source_token_count": span["source_tokens"], "source_count": sources,
+            "first_seq": span["first_seq"], "last_seq": span["last_seq"],
+            "earliest_at": span["earliest"], "latest_at": span["latest"],
+            "expand_hint": codec.strip_unstorable(new.expand_hint or ""),
+            "kind": checked_text("kind", new.kind, 32), "model": new.model, "parent_id": None,
+            "meta": codec.encode_json(new.meta) if new.meta is not None else None,
+            "created_at": created,
+        }
+        index = IndexRow(body=body, session_pk=session["id"], agent_pk=session["agent_id"])
+        [(node_id,)] = self._core.backend.insert_rows(conn, summaries_t, [row], [index], ("id",))
+        self._core.fault_point("summary_inserted")
+        return int(node_id)
 
     def get(self, node_id: int, *, agent: str | None = None) -> SummaryRecord | None:
         """The summary node (of ``agent`` when given), or None."""

@@ -36,7 +36,8 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
     Returns counts of what changed."""
     changed_ids = 0
     changed_text: list[int] = []
-    sessions = conn.execute(sa.select(_messages.c.session_id).distinct().order_by(_messages.c.session_id)).scalars().all()
+    sessions = conn.execute(sa.select(_messages.c.session_id).distinct().order_by(
+        _messages.c.session_id)).scalars().all()
     for session_pk in sessions:
         previous = ""
         recall: frozenset[str] = frozenset()

@@ -11,8 +11,8 @@ import re
 from typing import Any
 
 from lcm.context.session import ContextSession
-from lcm.records import MessageRecord
 from lcm.messages import message_text
+from lcm.records import MessageRecord
 from lcm.textindex import tokenize
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import Parsed
@@ -65,9 +65,9 @@ def expand_query(context: ContextSession, args: Parsed) -> dict[str, Any]:
                       "relevance", args["max_results"])
         for hit in hits:
             if hit.kind == "summary":
-                node = context.store.summaries.get(hit.id, agent=context.agent_id)
-                if node is not None:
-                    add("summary", node.id, node.content, {"depth": node.depth})
+                found = context.store.summaries.get(hit.id, agent=context.agent_id)
+                if found is not None:
+                    add("summary", found.id, found.content, {"depth": found.depth})
             else:
                 rec = context.store.messages.get(hit.id, agent=context.agent_id)
                 if rec is not None:

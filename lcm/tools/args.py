@@ -9,9 +9,10 @@ response says so); below its minimum it is an error.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from lcm import codec
 
@@ -48,7 +49,7 @@ class Arg:
     description: str = ""
 
     def json_schema(self) -> dict[str, Any]:
-        kinds = {"string": {"type": "string"}, "integer": {"type": "integer"},
+        kinds: dict[str, dict[str, Any]] = {"string": {"type": "string"}, "integer": {"type": "integer"},
                  "number": {"type": "number"}, "boolean": {"type": "boolean"},
                  "timestamp": {"type": ["number", "string"]},
                  "string_list": {"type": "array", "items": {"type": "string"}},

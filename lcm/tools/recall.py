@@ -15,7 +15,15 @@ from lcm.context.session import ContextSession
 from lcm.records import MessageRecord, SearchHit, SessionRecord, SortMode, SummaryRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import ArgumentError, Parsed
-from lcm.tools.render import bounded_message, clip_prefix, field_text, message_hit, message_item, summary_hit, text_content
+from lcm.tools.render import (
+    bounded_message,
+    clip_prefix,
+    field_text,
+    message_hit,
+    message_item,
+    summary_hit,
+    text_content,
+)
 from lcm.tools.specs import (
     DESCRIBE_NODES_CAP,
     DESCRIBE_SOURCE_IDS_CAP,
@@ -58,7 +66,8 @@ def _scope_sessions(context: ContextSession) -> set[int]:
     return allowed
 
 
-def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: str, limit: int) -> list[SearchHit]:
+def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: SortMode,
+               limit: int) -> list[SearchHit]:
     if sort == "recency":
         return sorted(messages + summaries, key=lambda h: (-h.ts, h.kind != "message", -h.id))[:limit]
     ranked = [(i, 0, h) for i, h in enumerate(messages)] + [(i, 1, h) for i, h in enumerate(summaries)]
@@ -101,7 +110,7 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
     return payload
 
 
-def current_summary_hits(context: ContextSession, query: str, sort: str, limit: int) -> list[SearchHit]:
+def current_summary_hits(context: ContextSession, query: str, sort: SortMode, limit: int) -> list[SearchHit]:
     """Summaries of the current session, plus those carried into it from earlier sessions."""
     store, agent, session = context.store, context.agent_id, context.session
     hits = list(store.search.summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit).hits)
@@ -137,7 +146,7 @@ def describe(context: ContextSession, args: Parsed) -> dict[str, Any]:
             mine = [n for n in carried if n.depth == depth]
             st = stats.get(depth)
             count = (st.count if st else 0) + len(mine)
-            entry = {"count": count,
+            entry: dict[str, Any] = {"count": count,
                      "uncondensed": (st.uncondensed if st else 0) + sum(1 for n in mine if n.parent_id is None),
                      "nodes": [_node_brief(n, True) for n in mine] + [_node_brief(n) for n in own]}
             if count > DESCRIBE_NODES_CAP:
@@ -154,7 +163,7 @@ def describe(context: ContextSession, args: Parsed) -> dict[str, Any]:
                "parent_id": node.parent_id, "earliest_at": node.earliest_at,
                "latest_at": node.latest_at, "expand_hint": node.expand_hint, "kind": node.kind,
                "model": node.model, "covers": f"messages {node.first_seq}-{node.last_seq}",
-               "session_id": (store.sessions.keys(node.session_pk) or [None])[0]}
+               "session_id": next(iter(store.sessions.keys(node.session_pk)), None)}
     if cut:
         payload["content_truncated"] = True
     if len(source_ids) > DESCRIBE_SOURCE_IDS_CAP:
@@ -223,7 +232,9 @@ def _expand_message(context: ContextSession, args: Parsed) -> dict[str, Any]:
     if offset > len(text):
         raise ArgumentError(f"content_offset {offset} is past the end of the {field} "
                             f"({len(text)} characters)")
-    page_chars = min(PAGE_CHARS_CAP, args["max_tokens"] * CHARS_PER_TOKEN_ESTIMATE) if args.get("max_tokens") else PAGE_CHARS_DEFAULT
+    page_chars = PAGE_CHARS_DEFAULT
+    if args.get("max_tokens"):
+        page_chars = min(PAGE_CHARS_CAP, args["max_tokens"] * CHARS_PER_TOKEN_ESTIMATE)
     page = text[offset: offset + page_chars]
     end = offset + len(page)
     if field == "content":

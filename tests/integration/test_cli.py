@@ -15,7 +15,6 @@ from sqlalchemy import text
 
 from lcm.demo import generate
 from lcm.store import Store
-
 from tests.conftest import REPO_ROOT
 from tests.support.faults import drop_from_index
 

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from lcm.records import MessageRecord
 from lcm.transcript import CUT_NOTE, is_lcm_summary
-
 from tests.support.conversation import filler, sequence_problems
 
 SYSTEM = {"role": "system", "content": "You are a careful agent."}

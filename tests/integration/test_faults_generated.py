@@ -15,9 +15,8 @@ from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.messages import make_storable, unstorable_reason
 from lcm.store import Store
-from lcm.transcript import SUMMARY_MARKER
 from lcm.tools import TOOL_SCHEMAS
-
+from lcm.transcript import SUMMARY_MARKER
 from tests.support.strategies import json_values, messages, nasty_text
 
 SYSTEM = {"role": "system", "content": "generated"}

@@ -14,9 +14,8 @@ import time
 import pytest
 
 from lcm.store import Store
-
-from tests.support import workers
 from tests.conftest import REPO_ROOT
+from tests.support import workers
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,6 @@ import pytest
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.store import Store
-
 from tests.support.conversation import SYSTEM, conversation
 
 NOBODY = 65534

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from lcm.messages import message_text
-
 from tests.support.conversation import conversation, sequence_problems
 from tests.support.llm_server import Reply, completion, error
 

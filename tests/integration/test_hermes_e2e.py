@@ -23,7 +23,6 @@ import pytest
 
 from lcm.store import Store
 from lcm.transcript import SUMMARY_MARKER
-
 from tests.support.conversation import sequence_problems
 from tests.support.hermes_host import CONTEXT_LENGTH, HermesHome, ensure_venv
 from tests.support.hermes_model import HermesModel, prompt_tokens
@@ -119,7 +118,8 @@ def sanitizer_check(home: HermesHome, session_id: str) -> dict[str, Any]:
         sanitized = sanitize_api_messages(out)
         print(json.dumps({{
             "is_context_engine": isinstance(engine, ContextEngine), "name": engine.name,
-            "copies_independent": clone.context.current is None and copied.context.current is None and clone.store is engine.store,
+            "copies_independent": clone.context.current is None and copied.context.current is None
+                                  and clone.store is engine.store,
             "compacted": len(out) < len(msgs), "repairs": repairs,
             "unchanged_by_repair": json.dumps(out, sort_keys=True) == snapshot,
             "unchanged_by_sanitize": json.dumps(sanitized, sort_keys=True) == snapshot}}))
@@ -178,7 +178,8 @@ def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path,
         conversation = [m for m in conversation_seen_by_model(model)]
         raw = prompt_tokens({"messages": [request["messages"][0], *conversation[:-1]], "tools": request["tools"]})
         series.append({"turn": i, "raw_tokens": raw, "request_tokens": prompt_tokens(request),
-                       "compacted_before": sum(1 for b in model.requests if model.kind(b) == "summary") > summaries_before,
+                       "compacted_before": sum(1 for b in model.requests
+                                               if model.kind(b) == "summary") > summaries_before,
                        "messages_sent": len(request["messages"])})
     recall = home.chat("RECALL deploy fingerprint", resume=session_id)
     assert recall.returncode == 0, recall.stderr[-3000:]

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from lcm.store import migrations
-
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,6 @@ from lcm.textindex import tokenize
 from lcm.tools.render import text_content
 from lcm.tools.specs import EXPAND_SOURCES_CAP, GREP_LIMIT_CAP, LOAD_LIMIT_CAP, PAGE_CHARS_CAP, PAGE_CHARS_DEFAULT
 from lcm.transcript import SUMMARY_MARKER
-
 from tests.support.conversation import SYSTEM, host_step, turn
 from tests.support.faults import drop_from_index
 from tests.support.llm_server import completion, error

@@ -13,10 +13,9 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from lcm.config import LcmConfig
-from lcm.engine import LcmEngine
 from lcm.context.ingest import Ingestor
+from lcm.engine import LcmEngine
 from lcm.store import Store
-
 from tests.support import workers
 
 SYSTEM = {"role": "system", "content": "You are a test agent."}

@@ -12,12 +12,11 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from sqlalchemy import func, select, text
 
-from lcm.store.schema import Message
 from lcm.records import NewSummary
 from lcm.store import Store
-
-from tests.support import workers
+from lcm.store.schema import Message
 from tests.conftest import REPO_ROOT
+from tests.support import workers
 
 pytestmark = pytest.mark.slow
 

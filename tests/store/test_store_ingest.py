@@ -11,12 +11,10 @@ from sqlalchemy import func, select, text
 
 from lcm.errors import InvalidMessageError, NotFoundError
 from lcm.messages import PAYLOAD_MIN_CHARS
-from lcm.tokens import TokenCounter
-from lcm.store.schema import Message, Payload
 from lcm.store import Store
-
+from lcm.store.schema import Message, Payload
+from lcm.tokens import TokenCounter
 from tests.support.storing import append_messages
-
 from tests.support.strategies import messages as message_strategy
 
 TURN = [

@@ -7,10 +7,8 @@ from sqlalchemy import text
 
 from lcm.records import NewSummary
 from lcm.store import Store
-
-from tests.support.storing import append_messages
-
 from tests.support.faults import corrupt_index_entry, drop_from_index
+from tests.support.storing import append_messages
 
 
 def statuses(store: Store, deep: bool = False) -> dict[str, str]:
@@ -82,7 +80,7 @@ def test_a_removed_leaf_edge_is_found(store, populated):
 def test_a_summary_not_shorter_than_its_sources_is_a_warning(store, session):
     ids = append_messages(store, session.id, [{"role": "user", "content": "hi"}]).store_ids
     store.summaries.write(session.id, NewSummary(depth=0, content="a much longer summary " * 20,
-                                               token_count=500, source_ids=tuple(ids), kind="x")).node
+                                               token_count=500, source_ids=tuple(ids), kind="x"))
     assert statuses(store)["summary_sizes"] == "warn"
 
 
@@ -138,7 +136,7 @@ def test_repair_leaves_a_summarized_copy_alone(store, session):
     append_messages(store, session.id, turn("w", 1), after_identity=again.last_identity)
     ids = [r.store_id for r in store.messages.get_range(session.id)]
     store.summaries.write(session.id, NewSummary(depth=0, content="both copies", token_count=2,
-                                               source_ids=tuple(ids[:8]), kind="extractive")).node
+                                               source_ids=tuple(ids[:8]), kind="extractive"))
     [done] = store.health.remove_duplicate_runs()
     assert done["removed"] == 0 and "already summarized" in done["left_alone"][0]
     assert len(store.messages.get_range(session.id)) == 12

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from lcm.errors import NotFoundError
 from lcm.store.search import MAX_SEARCH_LIMIT
-
 from tests.support.storing import append_messages
 
 CORPUS = [

@@ -6,10 +6,9 @@ import pytest
 from sqlalchemy import func, select
 
 from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError
-from lcm.store.schema import Summary, SummarySource
 from lcm.records import NewSummary
 from lcm.store import Store
-
+from lcm.store.schema import Summary, SummarySource
 from tests.support.storing import append_messages
 
 
@@ -62,7 +61,7 @@ def test_leaves_cover_the_oldest_raw_messages_in_order(store, filled):
 def test_invalid_leaves_are_refused_and_write_nothing(store, filled, pick, reason):
     session, ids = filled
     with pytest.raises(IntegrityViolation):
-        store.summaries.write(session.id, leaf(pick(ids))).node
+        store.summaries.write(session.id, leaf(pick(ids)))
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Summary)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(SummarySource)).scalar_one() == 0
@@ -71,32 +70,32 @@ def test_invalid_leaves_are_refused_and_write_nothing(store, filled, pick, reaso
 
 def test_a_message_is_never_in_two_leaves(store, filled):
     session, ids = filled
-    store.summaries.write(session.id, leaf(ids[:5])).node
+    store.summaries.write(session.id, leaf(ids[:5]))
     with pytest.raises(IntegrityViolation):
-        store.summaries.write(session.id, leaf(ids[3:8])).node
+        store.summaries.write(session.id, leaf(ids[3:8]))
 
 
 def test_messages_of_another_session_cannot_be_summarized(store, filled):
     session, ids = filled
     other = store.sessions.get_or_create("agent-a", "other")
     with pytest.raises(IntegrityViolation):
-        store.summaries.write(other.id, leaf(ids[:3])).node
+        store.summaries.write(other.id, leaf(ids[:3]))
 
 
 def test_condensation_builds_depth_plus_one_over_consecutive_nodes(store, filled):
     session, ids = filled
     leaves = [store.summaries.write(session.id, leaf(ids[i:i + 5], f"leaf {i}")).node for i in range(0, 40, 5)]
     with pytest.raises(IntegrityViolation):  # not consecutive
-        store.summaries.write(session.id, node(1, [leaves[0].id, leaves[2].id])).node
+        store.summaries.write(session.id, node(1, [leaves[0].id, leaves[2].id]))
     with pytest.raises(IntegrityViolation):  # wrong depth
-        store.summaries.write(session.id, node(2, [leaves[0].id, leaves[1].id])).node
-    c1 = store.summaries.write(session.id, node(1, [l.id for l in leaves[:4]], "first half")).node
+        store.summaries.write(session.id, node(2, [leaves[0].id, leaves[1].id]))
+    c1 = store.summaries.write(session.id, node(1, [leaf.id for leaf in leaves[:4]], "first half")).node
     assert (c1.first_seq, c1.last_seq, c1.source_count) == (1, 20, 4)
-    assert c1.source_token_count == sum(l.token_count for l in leaves[:4])
+    assert c1.source_token_count == sum(leaf.token_count for leaf in leaves[:4])
     assert c1.meta == {"level": "normal"} and c1.model == "test-model"
     with pytest.raises(IntegrityViolation):  # already condensed
-        store.summaries.write(session.id, node(1, [leaves[3].id, leaves[4].id])).node
-    c2 = store.summaries.write(session.id, node(1, [l.id for l in leaves[4:]], "second half")).node
+        store.summaries.write(session.id, node(1, [leaves[3].id, leaves[4].id]))
+    c2 = store.summaries.write(session.id, node(1, [leaf.id for leaf in leaves[4:]], "second half")).node
     top = store.summaries.write(session.id, node(2, [c1.id, c2.id], "everything")).node
     assert store.summaries.get(leaves[0].id).parent_id == c1.id
     assert [s.id for s in store.summaries.uncondensed(session.id)] == [top.id]
@@ -112,7 +111,8 @@ def test_expansion_reproduces_sources_in_order(store, filled):
     top = store.summaries.write(session.id, node(1, [l1.id, l2.id])).node
     msgs, total = store.summaries.expand(l1.id, offset=3, limit=4)
     assert total == 10 and [m.store_id for m in msgs] == ids[3:7]
-    assert [m.message for m in msgs] == [m.message for m in store.messages.get_range(session.id, first_seq=4, last_seq=7)]
+    expected = store.messages.get_range(session.id, first_seq=4, last_seq=7)
+    assert [m.message for m in msgs] == [m.message for m in expected]
     kids, total = store.summaries.expand(top.id)
     assert total == 2 and [k.id for k in kids] == [l1.id, l2.id]
     with pytest.raises(NotFoundError):
@@ -131,9 +131,9 @@ def test_summary_scope_follows_the_agent(store, filled):
 def test_concurrent_compaction_of_the_same_run_is_detected(store, filled):
     """Two engines that planned the same leaf: the second gets a clear error, not a duplicate."""
     session, ids = filled
-    store.summaries.write(session.id, leaf(ids[:5])).node
+    store.summaries.write(session.id, leaf(ids[:5]))
     with pytest.raises(IntegrityViolation):
-        store.summaries.write(session.id, leaf(ids[:5])).node
+        store.summaries.write(session.id, leaf(ids[:5]))
     assert len(store.summaries.of_session(session.id)) == 1
 
 
@@ -146,7 +146,7 @@ def test_crash_between_summary_and_edges_leaves_neither(store, filled):
 
     store.fault_hook = boom
     with pytest.raises(RuntimeError):
-        store.summaries.write(session.id, leaf(ids[:5])).node
+        store.summaries.write(session.id, leaf(ids[:5]))
     store.fault_hook = None
     assert store.summaries.of_session(session.id) == []
     assert store.sessions.get(session.id).covered_seq == 0
@@ -160,7 +160,7 @@ def test_bad_summary_arguments(store, filled):
                 NewSummary(depth=-1, content="x", token_count=1, source_ids=(ids[0],), kind="x"),
                 NewSummary(depth=0, content="  ", token_count=1, source_ids=(ids[0],), kind="x")):
         with pytest.raises(ValueError):
-            store.summaries.write(session.id, bad).node
+            store.summaries.write(session.id, bad)
 
 
 def test_concurrent_update_error_is_an_integrity_violation():

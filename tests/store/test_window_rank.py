@@ -6,11 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lcm.store import Store
 from lcm.store.backends import window_rank
 from lcm.store.backends.window_rank import DF_SAMPLE, WindowRow, bm25_scores, estimate_doc_freq, idf
-from lcm.store import Store
 from lcm.textindex import parse_query
-
 from tests.support.storing import append_messages
 
 

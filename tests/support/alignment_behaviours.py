@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from lcm.context.ingest import Ingestor
 from lcm.context.ports import StorePorts
-
 from tests.support.storing import append_messages
 
 SYSTEM = {"role": "system", "content": "You are a test agent."}

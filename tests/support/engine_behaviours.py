@@ -6,14 +6,19 @@ assembly within the cap, sessions, copies and host hooks."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 from lcm.engine import LcmEngine
 from lcm.transcript import SUMMARY_MARKER
-
-from tests.support.conversation import (SYSTEM, conversation, host_tokens, newest_user_index, run_host,
-                                        sequence_problems, turn)
+from tests.support.conversation import (
+    SYSTEM,
+    conversation,
+    host_tokens,
+    newest_user_index,
+    run_host,
+    sequence_problems,
+    turn,
+)
 from tests.support.llm_server import completion
 
 

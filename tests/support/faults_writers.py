@@ -19,9 +19,8 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
-from lcm.store import connection as db
 from lcm.store import Store
-
+from lcm.store import connection as db
 from tests.support import workers
 
 
@@ -75,7 +74,7 @@ def run(url: str, turns: int) -> list[dict]:
     for worker, session_key in results:
         own = common + [m for i in range(1, turns) for m in workers.turn(worker, i)]
         line = _lineage(store, store.sessions.find("default", session_key))
-        misplaced += sum(1 for a, b in zip(line, own) if a != b) + abs(len(line) - len(own))
+        misplaced += sum(1 for a, b in zip(line, own, strict=False) if a != b) + abs(len(line) - len(own))
     rows.append(_figures("diverging transcripts, 3 processes", expected, stored, misplaced=misplaced,
                          sessions=len(sessions)))
     return rows

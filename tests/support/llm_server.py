@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -57,7 +58,8 @@ def stream_chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, A
             {"index": i, "id": call["id"], "type": "function",
              "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]},
             "finish_reason": None}]})
-    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason", "stop")}]})
+    finish = choice.get("finish_reason", "stop")
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
     if include_usage:
         chunks.append({**base, "choices": [], "usage": body.get("usage")})
     return chunks
@@ -111,7 +113,8 @@ class ScriptedLLM:
                     self.connection.close()
                     return
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
-                    self._stream(reply.body, include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    self._stream(reply.body, include_usage=usage)
                 else:
                     self._send(reply)
 
@@ -123,7 +126,7 @@ class ScriptedLLM:
                     self.send_header("Cache-Control", "no-cache")
                     self.end_headers()
                     for chunk in stream_chunks(completion_body, include_usage):
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode("utf-8"))
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):

@@ -9,7 +9,6 @@ import time
 
 from lcm.records import NewSummary
 from lcm.store import Store
-
 from tests.support.storing import append_messages
 
 
@@ -74,7 +73,7 @@ def crash_during_summary(url: str) -> None:
 
     store.fault_hook = die
     store.summaries.write(session.id, NewSummary(depth=0, content="doomed", token_count=1,
-                                               source_ids=tuple(ids[:4]), kind="extractive")).node
+                                               source_ids=tuple(ids[:4]), kind="extractive"))
 
 
 def _engine(url: str):
@@ -129,7 +128,6 @@ def host_with_compaction(url: str, session_key: str, turns: int) -> None:
     (what a restarted host does): run again and again, killed at random points."""
     from lcm.config import LcmConfig
     from lcm.engine import LcmEngine
-
     from tests.conftest import SMALL_ENGINE
 
     engine = LcmEngine(LcmConfig.from_env({}, database_url=url, **SMALL_ENGINE))

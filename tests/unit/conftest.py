@@ -7,7 +7,6 @@ import pytest
 
 from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
-
 from tests.conftest import SMALL_ENGINE
 from tests.support.memory_store import MemoryStore
 

@@ -20,7 +20,6 @@ from lcm.messages import (
     parse_timestamp,
     uid_identity,
 )
-
 from tests.support.strategies import json_values, messages, nasty_text
 
 

@@ -12,7 +12,6 @@ from lcm.context.summarize.prompts import EXPAND_PREFIX, EXTRACTIVE_MARKER
 from lcm.context.summarize.routes import Breakers
 from lcm.context.summarize.text import strip_reasoning
 from lcm.tokens import TokenCounter
-
 from tests.support.llm_server import completion, error
 
 TOKENS = TokenCounter()

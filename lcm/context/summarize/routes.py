@@ -65,7 +65,7 @@ class Route(Protocol):
         """The assistant text of one chat completion; raises RouteError."""
 
 
-def as_route_error(exc: BaseException) -> "RouteError":
+def as_route_error(exc: BaseException) -> RouteError:
     """Any failure of a route call, as the route failing (a UnicodeEncodeError, a host bug)."""
     if isinstance(exc, RouteError):
         return exc
@@ -77,11 +77,11 @@ class OpenAICompatibleRoute:
 
     def __init__(self, base_url: str, model: str, api_key: str | None):
         self.base_url = base_url.rstrip("/")
-        self.model = model
+        self.model: str | None = model
         self.api_key = api_key
         self.name = f"endpoint:{model}@{self.base_url}"
 
-    def complete(self, messages, *, max_tokens, timeout):
+    def complete(self, messages: list[dict[str, str]], *, max_tokens: int, timeout: float) -> str:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

@@ -91,10 +91,12 @@ class Summarizer:
             return []
         models = [m for m in (cfg.summary_model, *cfg.summary_fallback_models) if m]
         if cfg.summary_base_url:
-            return [OpenAICompatibleRoute(cfg.summary_base_url, m, cfg.summary_api_key)
-                    for m in (models or ["default"])]
+            endpoint: list[Route] = [OpenAICompatibleRoute(cfg.summary_base_url, m, cfg.summary_api_key)
+                                     for m in (models or ["default"])]
+            return endpoint
         if self.host_route is not None:
-            return [self.host_route(m) for m in (models or [None])]
+            chosen: list[str | None] = list(models) or [None]  # None: the host's own default model
+            return [self.host_route(m) for m in chosen]
         return []
 
     def describe(self) -> dict[str, Any]:

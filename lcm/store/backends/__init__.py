@@ -19,8 +19,9 @@ integrity                   ``quick_check``, FTS5           catalog checks, vect
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.engine import URL

@@ -15,12 +15,13 @@ syntax error and never reaches SQL other than as a bound parameter.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, text
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Connection, Engine, Table, TextClause, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import URL
 
 from lcm.records import Candidate, CheckResult
@@ -137,9 +138,13 @@ def scope_lexemes(row: IndexRow) -> list[str]:
     return scope
 
 
-def _unnest_insert(table: Table, columns: Sequence[str], returning: Sequence[str], indexed: bool):
+#: Renders column types for the unnest casts (SQLAlchemy's dialect constructors are untyped).
+_DIALECT = PGDialect()  # type: ignore[no-untyped-call]
+
+
+def _unnest_insert(table: Table, columns: Sequence[str], returning: Sequence[str], indexed: bool) -> TextClause:
     """``INSERT ... SELECT * FROM unnest(CAST(:c0 AS type[]), ...) ON CONFLICT DO NOTHING``."""
-    dialect = postgresql.dialect()
+    dialect = _DIALECT
     names = list(columns) + (["search_vector"] if indexed else [])
     arrays = [f"CAST(:c{i} AS {table.c[name].type.compile(dialect=dialect)}[])"
               for i, name in enumerate(columns)]
@@ -148,6 +153,22 @@ def _unnest_insert(table: Table, columns: Sequence[str], returning: Sequence[str
     return text(
         f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({', '.join(arrays)}) "
         f"ON CONFLICT DO NOTHING RETURNING {', '.join(returning)}")
+
+
+@dataclass(frozen=True)
+class _PhaseQuery:
+    """One search, rendered once for every phase that runs it."""
+
+    base: str  # the table
+    scope: list[str]  # its scope lexemes
+    score: str  # SQL of the rank (NULL for a recency sort)
+    filters: list[str]  # time and platform conditions
+    params: dict[str, Any]
+    platform_join: str
+    need: int  # candidates wanted
+    ranked: bool
+    order_col: str  # the scope's own order: seq for one session's messages, else id
+    where_scope: str
 
 
 class PostgresBackend(Backend):
@@ -170,7 +191,8 @@ class PostgresBackend(Backend):
 
     # -- writes --------------------------------------------------------------------------
 
-    def insert_rows(self, conn, table, rows, index, returning):
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+                    index: Sequence[IndexRow] | None, returning: Sequence[str]) -> list[tuple[Any, ...]]:
         """One statement of constant text whatever the row count: each column travels as one
         array parameter and ``unnest`` turns them back into rows. A multi-row VALUES list
         (SQLAlchemy's insertmanyvalues) has a different text per row count and a parameter per
@@ -189,7 +211,8 @@ class PostgresBackend(Backend):
             stmt = self._inserts[key] = _unnest_insert(table, columns, returning, index is not None)
         return [tuple(r) for r in conn.execute(stmt, params).all()]
 
-    def insert_ignore(self, conn, table, rows, conflict_columns):
+    def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+                      conflict_columns: Sequence[str]) -> None:
         if rows:
             stmt = pg_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
             conn.execute(stmt, list(rows))
@@ -214,59 +237,74 @@ class PostgresBackend(Backend):
         they are stale and a word grew common since, the cost is that word's GIN matches once,
         never a plan that walks the table.
         """
+        q = self._phase_query(spec, base, ts_col, roles)
+        estimated = _estimated_matches(spec.query, q.scope, self._lexeme_stats(conn, base))
+        if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
+        rows, found = self._probe_phase(conn, q)
+        if len(found) >= q.need:
+            return found, spec.ranked
+        return self._older_phase(conn, q, spec, len(rows), found)
+
+    @staticmethod
+    def _phase_query(spec: SearchSpec, base: str, ts_col: str, roles: Sequence[str]) -> _PhaseQuery:
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         params: dict[str, Any] = {"q": render_tsquery(spec.query, scope, roles),
-                                  "probe": PROBE_ROWS, "sid": spec.session_pk,
-                                  "aid": spec.agent_pk}
+                                  "probe": PROBE_ROWS, "sid": spec.session_pk, "aid": spec.agent_pk}
         score = "NULL::real"
         if spec.ranked:
             params["bq"] = render_tsquery(spec.query, with_negatives=False)
             score = "ts_rank_cd(t.search_vector, CAST(:bq AS tsquery), 1)"
-        need = spec.window if spec.ranked else spec.limit
-        filters, fparams = post_filters(spec, ts_col)
-        params.update(fparams)
-        platform_join = "JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else ""
-        estimated = _estimated_matches(spec.query, scope, self._lexeme_stats(conn, base))
-        if estimated is not None and estimated <= GIN_DIRECT_MAX:
-            found = self._gin_phase(conn, base, score, platform_join, filters, params, None, need)
-            return found, spec.ranked and len(found) >= need
+        filters, filter_params = post_filters(spec, ts_col)
+        params.update(filter_params)
         # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
         # (all sessions) by the primary key.
         session_scoped = spec.session_pk is not None
-        order_col = "seq" if session_scoped and base == "lcm_messages" else "id"
-        where_scope = "WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid "
-        window = f"SELECT * FROM {base} {where_scope}ORDER BY {order_col} DESC LIMIT :probe"
-        # Phase 1: every match inside the recent window (unfiltered count = hit-rate sample).
-        # The predicate is applied to a LIMITed subquery, which no index can answer: the
-        # window is scanned row by row, whatever the statistics say. A plain recency search
-        # needs no hit rate and stops at its `limit`-th match (LIMIT NULL: no limit); it is
-        # ordered by the window's own order (a session's seq rises with its ids), so no sort
-        # has to read the whole window first.
-        params["first"] = need if not spec.ranked and not filters else None
-        rows = conn.execute(text(
-            f"SELECT t.id, {score}, ({' AND '.join(filters) or 'TRUE'}) AS keep "
-            f"FROM ({window}) t {platform_join}"
-            f"WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.{order_col} DESC LIMIT :first"),
-            params).all()
-        found = [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:need]
-        if len(found) >= need:
-            return found, spec.ranked
-        floor_id, scanned = conn.execute(text(
-            f"SELECT min(id), count(*) FROM (SELECT id FROM {base} {where_scope}"
-            f"ORDER BY {order_col} DESC LIMIT :probe) w"), params).one()
-        if scanned < PROBE_ROWS or floor_id is None:
-            return found, False  # the window held the whole scope: nothing older to search
-        older_rows = self._older_rows(conn, base, spec, floor_id)
-        expected = len(rows) / scanned * older_rows  # phase 1's hit rate, applied to the rest
-        if (spec.ranked or filters) and expected > PHASE2_MAX_MATCHES:
-            return found, True
-        found.extend(self._gin_phase(conn, base, score, platform_join, filters, params, floor_id,
-                                     need - len(found)))
-        return found, spec.ranked and len(found) >= need
+        return _PhaseQuery(
+            base=base, scope=scope, score=score, filters=filters, params=params,
+            platform_join="JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else "",
+            need=spec.window if spec.ranked else spec.limit, ranked=spec.ranked,
+            order_col="seq" if session_scoped and base == "lcm_messages" else "id",
+            where_scope="WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid ")
 
     @staticmethod
-    def _gin_phase(conn: Connection, base: str, score: str, platform_join: str, filters: list[str],
-                   params: dict[str, Any], floor_id: int | None, need: int) -> list[Candidate]:
+    def _probe_phase(conn: Connection, q: _PhaseQuery) -> tuple[Sequence[Any], list[Candidate]]:
+        """Phase 1: every match inside the newest ``PROBE_ROWS`` rows of the scope (the rows
+        matched, filters not applied, are the hit-rate sample; and the candidates).
+
+        The predicate is applied to a LIMITed subquery, which no index can answer: the window
+        is scanned row by row, whatever the statistics say. A plain recency search needs no hit
+        rate and stops at its `limit`-th match (LIMIT NULL: no limit); it is ordered by the
+        window's own order (a session's seq rises with its ids), so no sort has to read the
+        whole window first."""
+        window = f"SELECT * FROM {q.base} {q.where_scope}ORDER BY {q.order_col} DESC LIMIT :probe"
+        params = {**q.params, "first": q.need if not q.ranked and not q.filters else None}
+        rows = conn.execute(text(
+            f"SELECT t.id, {q.score}, ({' AND '.join(q.filters) or 'TRUE'}) AS keep "
+            f"FROM ({window}) t {q.platform_join}"
+            f"WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.{q.order_col} DESC LIMIT :first"),
+            params).all()
+        return rows, [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:q.need]
+
+    def _older_phase(self, conn: Connection, q: _PhaseQuery, spec: SearchSpec, sampled: int,
+                     found: list[Candidate]) -> tuple[list[Candidate], bool]:
+        """Phase 2: the GIN index over the rows older than the probe window, when the probe's
+        hit rate says the older matches are few enough (else the result says it is clamped)."""
+        floor_id, scanned = conn.execute(text(
+            f"SELECT min(id), count(*) FROM (SELECT id FROM {q.base} {q.where_scope}"
+            f"ORDER BY {q.order_col} DESC LIMIT :probe) w"), q.params).one()
+        if scanned < PROBE_ROWS or floor_id is None:
+            return found, False  # the window held the whole scope: nothing older to search
+        older_rows = self._older_rows(conn, q.base, spec, floor_id)
+        expected = sampled / scanned * older_rows  # phase 1's hit rate, applied to the rest
+        if (spec.ranked or q.filters) and expected > PHASE2_MAX_MATCHES:
+            return found, True
+        found = found + self._gin_phase(conn, q, floor_id, q.need - len(found))
+        return found, spec.ranked and len(found) >= q.need
+
+    @staticmethod
+    def _gin_phase(conn: Connection, q: _PhaseQuery, floor_id: int | None, need: int) -> list[Candidate]:
         """The newest ``need`` matches (below ``floor_id`` if given) through the GIN index.
 
         The matches, with their score and filters computed from the row the bitmap scan
@@ -278,11 +316,11 @@ class PostgresBackend(Backend):
         """
         below = " AND t.id + 0 < :floor" if floor_id is not None else ""
         rows = conn.execute(text(
-            f"WITH g AS MATERIALIZED (SELECT t.id, {score} AS score FROM {base} t {platform_join}"
+            f"WITH g AS MATERIALIZED (SELECT t.id, {q.score} AS score FROM {q.base} t {q.platform_join}"
             f"WHERE t.search_vector @@ CAST(:q AS tsquery){below}"
-            f"{''.join(' AND ' + f for f in filters)}) "
+            f"{''.join(' AND ' + f for f in q.filters)}) "
             "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
-            {**params, "floor": floor_id, "need": need}).all()
+            {**q.params, "floor": floor_id, "need": need}).all()
         return [Candidate(int(r[0]), _score(r[1])) for r in rows]
 
     def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:
@@ -309,26 +347,26 @@ class PostgresBackend(Backend):
         """Rows of the scope below the probe window, from counters rather than a scan."""
         if base == "lcm_messages":
             if spec.session_pk is not None:  # seq is gapless per session
-                return conn.execute(text("SELECT seq - 1 FROM lcm_messages WHERE id = :floor"),
-                                    {"floor": floor_id}).scalar_one()
+                return int(conn.execute(text("SELECT seq - 1 FROM lcm_messages WHERE id = :floor"),
+                                        {"floor": floor_id}).scalar_one())
             total = conn.execute(text(
                 "SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :aid"),
                 {"aid": spec.agent_pk}).scalar_one()
             return max(0, int(total) - PROBE_ROWS)
         scope = "session_id = :sid" if spec.session_pk is not None else "agent_id = :aid"
-        return conn.execute(text(  # summaries are few
+        return int(conn.execute(text(  # summaries are few
             f"SELECT count(*) FROM {base} WHERE {scope} AND id < :floor"),
-            {"sid": spec.session_pk, "aid": spec.agent_pk, "floor": floor_id}).scalar_one()
+            {"sid": spec.session_pk, "aid": spec.agent_pk, "floor": floor_id}).scalar_one())
 
-    def search_messages(self, conn, spec):
+    def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "lcm_messages", "ts", spec.roles)
 
-    def search_summaries(self, conn, spec):
+    def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "lcm_summaries", "latest_at", ())
 
     # -- integrity -----------------------------------------------------------------------
 
-    def check_database(self, conn):
+    def check_database(self, conn: Connection) -> list[CheckResult]:
         out = []
         version = conn.exec_driver_sql("SHOW server_version").scalar()
         out.append(CheckResult("postgres_server", "ok", f"PostgreSQL {version}, reachable"))
@@ -357,7 +395,8 @@ class PostgresBackend(Backend):
         return (f"SELECT t.id, coalesce(t.search_text, t.content), t.session_id, t.agent_id, {role} "
                 f"FROM {base} t ")
 
-    def _index_batches(self, conn: Connection, base: str, newest: int | None):
+    def _index_batches(self, conn: Connection, base: str, newest: int | None,
+                       ) -> Iterator[list[tuple[int, str]]]:
         """Batches of (id, expected tsvector literal), paged by id (bounded memory)."""
         sql = self._index_source(base)
         expected = _expected_vectors
@@ -375,7 +414,7 @@ class PostgresBackend(Backend):
             yield expected(rows)
             after = rows[-1][0]
 
-    def check_search_index(self, conn, deep):
+    def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
         out = []
         for base in SEARCHABLE:
             kind = base.removeprefix("lcm_")
@@ -394,20 +433,20 @@ class PostgresBackend(Backend):
         return out
 
     def _count_mismatches(self, conn: Connection, base: str, batch: list[tuple[int, str]]) -> int:
-        return conn.execute(text(
+        return int(conn.execute(text(
             f"SELECT count(*) FROM {base} t JOIN unnest(CAST(:ids AS bigint[]), CAST(:vecs AS text[])) "
             "AS e(id, vec) ON e.id = t.id "
             "WHERE t.search_vector IS DISTINCT FROM CAST(e.vec AS tsvector)"),
-            {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]}).scalar_one()
+            {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]}).scalar_one())
 
-    def reindex_messages(self, conn, ids):
+    def reindex_messages(self, conn: Connection, ids: Sequence[int]) -> None:
         for i in range(0, len(ids), REBUILD_BATCH):
             rows = conn.execute(text(self._index_source("lcm_messages") + "WHERE t.id = ANY(CAST(:ids AS bigint[]))"),
                                 {"ids": list(ids[i:i + REBUILD_BATCH])}).all()
             if rows:
                 self._write_vectors(conn, "lcm_messages", _expected_vectors(rows))
 
-    def rebuild_search_index(self, conn):
+    def rebuild_search_index(self, conn: Connection) -> dict[str, int]:
         counts = {}
         for base in SEARCHABLE:
             counts[base.removeprefix("lcm_")] = sum(
@@ -422,12 +461,12 @@ class PostgresBackend(Backend):
             {"ids": [b[0] for b in batch], "vecs": [b[1] for b in batch]})
         return len(batch)
 
-    def optimize(self, conn):
+    def optimize(self, conn: Connection) -> None:
         # Without statistics the planner cannot tell a needle from the most common word and
         # may rank every match; autovacuum refreshes them later, a bulk import should now.
         conn.exec_driver_sql("ANALYZE lcm_sessions, lcm_messages, lcm_summaries, lcm_summary_sources")
 
-    def database_size(self, conn):
+    def database_size(self, conn: Connection) -> int | None:
         return int(conn.execute(text(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
             "WHERE c.relkind = 'r' AND c.relname LIKE 'lcm\\_%' "

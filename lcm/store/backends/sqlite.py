@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, Table, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from lcm.config import sqlite_busy_timeout_ms
 from lcm.records import Candidate, CheckResult
-from lcm.store.backends import Backend, SearchSpec, post_filters, role_token, window_rank
+from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token, window_rank
 from lcm.textindex import Query, Term
 
 SAMPLE_ROWS = 200
@@ -157,7 +158,8 @@ class SQLiteBackend(Backend):
 
     # -- writes --------------------------------------------------------------------------
 
-    def insert_rows(self, conn, table, rows, index, returning):
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+                    index: Sequence[IndexRow] | None, returning: Sequence[str]) -> list[tuple[Any, ...]]:
         if not rows:
             return []
         # The FTS5 triggers index the row from its own columns; `index` is not needed here.
@@ -168,7 +170,8 @@ class SQLiteBackend(Backend):
                 sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
         return [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
 
-    def insert_ignore(self, conn, table, rows, conflict_columns):
+    def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
+                      conflict_columns: Sequence[str]) -> None:
         if rows:
             stmt = sqlite_insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
             conn.execute(stmt, list(rows))
@@ -248,15 +251,15 @@ class SQLiteBackend(Backend):
             {"head": window_rank.HEAD_CHARS, "ids": json.dumps(ids)})]
         return window_rank.bm25_scores(rows, query, idfs)
 
-    def search_messages(self, conn, spec):
+    def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "messages")
 
-    def search_summaries(self, conn, spec):
+    def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "summaries")
 
     # -- integrity -----------------------------------------------------------------------
 
-    def check_database(self, conn):
+    def check_database(self, conn: Connection) -> list[CheckResult]:
         rows = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check").all()]
         journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
         out = []
@@ -282,7 +285,7 @@ class SQLiteBackend(Backend):
                                else "no other connection holds the write lock"))
         return out
 
-    def check_search_index(self, conn, deep):
+    def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
         out = []
         for kind, fts in _FTS.items():
             base = f"lcm_{kind}"
@@ -324,14 +327,14 @@ class SQLiteBackend(Backend):
         return [f"{len(missing)} of the newest {kind} not found by their own words "
                 f"(ids {missing[:5]})"] if missing else []
 
-    def rebuild_search_index(self, conn):
+    def rebuild_search_index(self, conn: Connection) -> dict[str, int]:
         counts = {}
         for kind, fts in _FTS.items():
             conn.exec_driver_sql(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
             counts[kind] = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
         return counts
 
-    def backup(self, engine, destination):
+    def backup(self, engine: Engine, destination: str) -> str | None:
         """SQLite's online backup API: a consistent copy while other connections keep writing."""
         import sqlite3
 
@@ -339,16 +342,17 @@ class SQLiteBackend(Backend):
         target.parent.mkdir(parents=True, exist_ok=True)
         raw = engine.raw_connection()
         try:
+            source: Any = raw.driver_connection  # the sqlite3 connection under the pool's proxy
             with sqlite3.connect(str(target)) as copy:
-                raw.driver_connection.backup(copy)
+                source.backup(copy)
         finally:
             raw.close()
         return str(target)
 
-    def optimize(self, conn):
+    def optimize(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA optimize")
 
-    def database_size(self, conn):
+    def database_size(self, conn: Connection) -> int | None:
         db = conn.exec_driver_sql("PRAGMA database_list").all()
         path = next((r[2] for r in db if r[1] == "main"), None)
         if not path:

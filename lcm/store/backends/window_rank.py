@@ -23,8 +23,8 @@ Scores are higher-is-better and comparable within one search only, like every lc
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from lcm.textindex import Query, Term
 
