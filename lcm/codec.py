@@ -63,11 +63,6 @@ def _unescape(s: str) -> str:
     return _ESCAPE_SEQ.sub(_unescape_seq, s)
 
 
-def needs_escape(s: str) -> bool:
-    """True if ``s`` holds a character a database text column cannot take verbatim."""
-    return _NEEDS_ESCAPE.search(s) is not None
-
-
 def is_clean(s: str) -> bool:
     """True if ``s`` can be stored verbatim (the encoding is the identity for it)."""
     return _NEEDS_ESCAPE.search(s) is None

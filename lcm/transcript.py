@@ -147,11 +147,6 @@ def conversation_of(messages: Sequence[Any], own: Callable[[Any], bool] = _never
     return [m for m in messages if not own(m) and not is_ephemeral(m)]
 
 
-def valid_cut_before(roles: Sequence[str | None], index: int) -> bool:
-    """May a transcript (by roles) be cut right before position ``index``?"""
-    return 0 < index < len(roles) and roles[index] == "assistant"
-
-
 # --------------------------------------------------------------------------- recall traffic
 
 #: lcm's own agent tools. Their calls and results are stored like any message but kept out of

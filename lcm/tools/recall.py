@@ -15,15 +15,7 @@ from lcm.context.session import ContextSession
 from lcm.records import MessageRecord, SearchHit, SessionRecord, SortMode, SummaryRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import ArgumentError, Parsed
-from lcm.tools.render import (
-    bounded_message,
-    clip_prefix,
-    field_text,
-    message_hit,
-    message_item,
-    summary_hit,
-    text_content,
-)
+from lcm.tools.render import bounded_message, clip_prefix, field_text, message_item, search_hit, text_content
 from lcm.tools.specs import (
     DESCRIBE_NODES_CAP,
     DESCRIBE_SOURCE_IDS_CAP,
@@ -101,7 +93,7 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
         else:
             summary_hits = current_summary_hits(context, args["query"], sort, limit)
     results = merge_hits(hits, summary_hits, sort, limit)
-    payload["results"] = [message_hit(h) if h.kind == "message" else summary_hit(h) for h in results]
+    payload["results"] = [search_hit(h) for h in results]
     payload["total_results"] = len(payload["results"])
     if found.candidates_clamped:
         payload["candidates_clamped"] = True

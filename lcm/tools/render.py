@@ -64,24 +64,15 @@ def clip_prefix(text: str, chars: int) -> tuple[str, bool]:
     return (text, False) if len(text) <= chars else (text[:chars], True)
 
 
-def message_hit(hit: SearchHit) -> dict[str, Any]:
-    out = {"type": "message", "store_id": hit.id, "session_id": hit.session_key, "role": hit.role,
-           "timestamp": hit.ts, "snippet": hit.snippet}
+def search_hit(hit: SearchHit) -> dict[str, Any]:
+    """A search hit as ``lcm_grep`` shows it: a raw message (``store_id``, ``role``) or a summary
+    (``node_id``, ``depth``), with ``score`` under ranked sorts."""
+    if hit.kind == "message":
+        out: dict[str, Any] = {"type": "message", "store_id": hit.id, "session_id": hit.session_key,
+                               "role": hit.role}
+    else:
+        out = {"type": "summary", "node_id": hit.id, "depth": hit.depth, "session_id": hit.session_key}
+    out.update({"timestamp": hit.ts, "snippet": hit.snippet})
     if hit.score is not None:
         out["score"] = round(hit.score, 6)
     return out
-
-
-def summary_hit(hit: SearchHit) -> dict[str, Any]:
-    out = {"type": "summary", "node_id": hit.id, "depth": hit.depth, "session_id": hit.session_key,
-           "timestamp": hit.ts, "snippet": hit.snippet}
-    if hit.score is not None:
-        out["score"] = round(hit.score, 6)
-    return out
-
-
-def _merge(messages: list[SearchHit], summaries: list[SearchHit], sort: str, limit: int) -> list[SearchHit]:
-    if sort == "recency":
-        return sorted(messages + summaries, key=lambda h: (-h.ts, h.kind != "message", -h.id))[:limit]
-    ranked = [(i, 0, h) for i, h in enumerate(messages)] + [(i, 1, h) for i, h in enumerate(summaries)]
-    return [h for _, _, h in sorted(ranked, key=lambda t: (t[0], t[1]))][:limit]

@@ -75,3 +75,8 @@ def test_nothing_is_lost_and_nothing_unique_is_stored_twice(store, data):
     assert len(history) <= len(rows) <= len(history) + len(new)
     assert all(m in rows.values() for m in new)  # unique content: stored, exactly once
     assert sum(m in new for m in rows.values()) == len(new)
+
+
+#: The tests the collecting modules import (``from ... import *``): every behaviour, so none is
+#: forgotten on one side.
+__all__ = sorted(name for name in dir() if name.startswith("test_"))

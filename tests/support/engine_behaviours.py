@@ -518,3 +518,8 @@ def test_a_compacting_turn_reads_the_view_once_and_plans_the_tail_once(make_engi
     assert one_leaf == ["messages.append", "summaries.compaction_view", "messages.get_range",
                         "summaries.write", "messages.remember_generated", "sessions.set_host_view"]
     healthy(engine)
+
+
+#: The tests the collecting modules import (``from ... import *``): every behaviour, so none is
+#: forgotten on one side.
+__all__ = sorted(name for name in dir() if name.startswith("test_"))
