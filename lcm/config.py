@@ -25,15 +25,21 @@ from lcm.errors import ConfigError
 SUMMARIZER_CHOICES = ("auto", "llm", "extractive")
 
 
+def in_range(name: str, value: int, low: int, high: int | None = None) -> int:
+    """``value`` if it lies in ``low..high`` (no upper bound when ``high`` is None), else a
+    ValueError that names ``name`` and the range: one wording for settings and arguments alike."""
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
 def _parse_int(name: str, raw: str, low: int, high: int | None) -> int:
     try:
         value = int(raw.strip())
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
+    return in_range(name, value, low, high)
 
 
 def _parse_float(name: str, raw: str, low: float, high: float) -> float:

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what an exception (or the driver error under it, ``exc.orig``) says:
+    error messages name the cause in one line."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__
+
+
 class LcmError(Exception):
     """Base class for lcm errors."""
 

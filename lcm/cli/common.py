@@ -16,7 +16,7 @@ from rich.text import Text
 from lcm.config import LcmConfig
 from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
-from lcm.errors import LcmError, NotFoundError
+from lcm.errors import LcmError, NotFoundError, first_line
 from lcm.store import Store
 from lcm.store import connection as db
 
@@ -109,7 +109,7 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         stderr.print("lcm: aborted")
         return 1
     except (LcmError, ValueError) as exc:
-        stderr.print(f"lcm: error: {_one_line(exc)}", markup=False)
+        stderr.print(f"lcm: error: {first_line(exc)}", markup=False)
         return 1
     except KeyboardInterrupt:
         stderr.print("lcm: interrupted")
@@ -124,7 +124,7 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         if os.environ.get("LCM_DEBUG"):
             raise
         kind = "database error" if _from_database(exc) else f"internal error ({type(exc).__name__})"
-        stderr.print(f"lcm: {kind}: {_one_line(getattr(exc, 'orig', None) or exc)} "
+        stderr.print(f"lcm: {kind}: {first_line(exc)} "
                      "(LCM_DEBUG=1 shows the traceback)", markup=False)
         return 1
 
@@ -134,8 +134,5 @@ def _from_database(exc: BaseException) -> bool:
     return any(cls.__module__.startswith("sqlalchemy.") for cls in type(exc).__mro__)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 

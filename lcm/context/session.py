@@ -123,10 +123,11 @@ class ContextSession:
         self._stalled_at: int | None = None  # context size at which compaction last found nothing
         self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
 
-    def clone(self) -> ContextSession:
-        """A fresh context for another agent or copy of the host: same settings, store,
-        tokenizer and window, none of this one's session state."""
-        twin = ContextSession(self.config, self._store, open_store=self._open_store,
+    def clone(self, *, open_store: Callable[[], StorePorts] | None = None) -> ContextSession:
+        """A fresh context for another agent or copy of the host: same settings, store (or
+        ``open_store``, the copy's own way to open it), tokenizer and window, none of this one's
+        session state."""
+        twin = ContextSession(self.config, self._store, open_store=open_store or self._open_store,
                               tokens=self._tokens, host_route=self.host_route,
                               agent_id=self.agent_id, model=self.model)
         twin.window = copy.copy(self.window)

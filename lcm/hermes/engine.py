@@ -107,7 +107,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
     def __deepcopy__(self, memo: dict[int, Any]) -> LcmEngine:
         """A fresh engine for another agent: same settings and shared store, own state."""
         clone = copy.copy(self)
-        clone.context = self.context.clone()
+        clone.context = self.context.clone(open_store=clone._open_store)  # the copy's own Hermes home
         clone._lock = threading.RLock()
         return clone
 

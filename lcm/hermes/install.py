@@ -26,7 +26,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from lcm.config import database_url_from_env, hermes_home_from_env
-from lcm.errors import ConfigError
+from lcm.errors import ConfigError, first_line
 from lcm.store import Store
 from lcm.store.connection import display_url, resolve_url
 
@@ -88,7 +88,7 @@ def _load_config(path: Path) -> Any:
     try:
         data = _yaml().load(path.read_text(encoding="utf-8"))
     except Exception as exc:
-        raise ConfigError(f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix it first, "
+        raise ConfigError(f"{path} is not valid YAML ({first_line(exc)}); fix it first, "
                           "lcm did not change it") from exc
     if data is None:
         return CommentedMap()

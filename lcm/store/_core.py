@@ -21,7 +21,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from lcm import codec
-from lcm.errors import DatabaseUnavailableError, NotFoundError
+from lcm.config import in_range
+from lcm.errors import DatabaseUnavailableError, NotFoundError, first_line
 from lcm.records import SessionRecord, SummaryRecord
 from lcm.store import connection, migrations
 from lcm.store.backends import Backend, backend_for_url
@@ -80,17 +81,7 @@ def checked_int(field: str, value: Any, *, low: int, high: int | None = None) ->
     """``value`` if it is an integer (not a bool) in ``low..high``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{field} must be an integer")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ValueError(f"{field} must be {bound}, got {value}")
-    return value
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of what an exception (or the driver error under it) says."""
-    orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip().splitlines()
-    return text[0] if text else type(orig).__name__
+    return in_range(field, value, low, high)
 
 
 def session_record(row: Any) -> SessionRecord:

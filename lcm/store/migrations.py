@@ -20,7 +20,7 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
-from lcm.errors import DatabaseUnavailableError
+from lcm.errors import DatabaseUnavailableError, first_line
 from lcm.store import connection
 
 #: Every revision of the history, oldest first. Append here when adding a revision.
@@ -106,8 +106,8 @@ def state_at(url: URL) -> SchemaState:
         with engine.connect() as conn:
             return schema_state(conn)
     except OperationalError as exc:
-        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        raise DatabaseUnavailableError(f"cannot connect to {connection.display_url(url)}: {reason}") from exc
+        raise DatabaseUnavailableError(
+            f"cannot connect to {connection.display_url(url)}: {first_line(exc)}") from exc
     finally:
         engine.dispose()
 

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, RowMapping, Select, case, func, select, updat
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
-from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError
+from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError, first_line
 from lcm.records import CompactionView, DepthStats, MessageRecord, NewSummary, SummaryRecord, WrittenSummary
 from lcm.store._core import (
     MAX_PAGE_LIMIT,
@@ -28,7 +28,6 @@ from lcm.store._core import (
     checked_text,
     edges_t,
     fetch_in,
-    first_line,
     messages_t,
     session_record,
     session_select,

@@ -74,3 +74,21 @@ def test_a_failed_session_start_never_files_messages_under_another_session(make_
     intended = store.sessions.find(engine.agent_id, "intended")
     assert [r.message for r in store.messages.get_range(intended.id)] == transcript[1:]
     assert intended.platform == "cli"
+
+
+def test_a_copy_started_in_a_hermes_home_stores_in_that_home(tmp_path, monkeypatch):
+    """Hermes deep-copies the registered engine per agent; a copy that learns its home at
+    session start must open the database there (and take the profile as its agent), not where
+    the engine it was copied from would have."""
+    monkeypatch.delenv("HERMES_HOME", raising=False)
+    monkeypatch.delenv("LCM_DATABASE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    original = LcmEngine(LcmConfig.from_env({}))
+    clone = copy.deepcopy(original)
+    home = tmp_path / "hermes" / "profiles" / "coder"
+    home.mkdir(parents=True)
+    clone.on_session_start("s1", hermes_home=str(home))
+    clone.on_turn_complete([SYSTEM, *conversation(1)])
+    assert clone.context.last_error is None, clone.context.last_error
+    assert (home / "lcm.db").is_file() and not (tmp_path / "user" / ".lcm").exists()
+    assert clone.agent_id == "coder" and original.context.current is None

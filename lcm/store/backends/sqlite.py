@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from lcm.config import sqlite_busy_timeout_ms
+from lcm.errors import first_line
 from lcm.records import Candidate, CheckResult
 from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token, window_rank
 from lcm.textindex import Query, Term
@@ -298,7 +299,7 @@ class SQLiteBackend(Backend):
                 try:
                     conn.exec_driver_sql(f"INSERT INTO {fts}({fts}, rank) VALUES ('integrity-check', 1)")
                 except (DatabaseError, OperationalError) as exc:
-                    problems.append(f"FTS5 integrity-check failed: {str(exc.orig).splitlines()[0]}")
+                    problems.append(f"FTS5 integrity-check failed: {first_line(exc)}")
             else:
                 problems.extend(self._spot_check(conn, kind, fts))
             how = "every row (FTS5 integrity-check)" if deep else f"counts and the newest {SAMPLE_ROWS} rows"
