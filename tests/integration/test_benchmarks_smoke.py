@@ -49,11 +49,15 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert sum(line.startswith(f"| {b} |") for line in rows for b in backends) >= 4 * len(backends)
 
-    # Before/after comparison of search latency (here a run against itself).
+    # Before/after comparison of every phase (here a run against itself).
     compared = subprocess.run([sys.executable, "-m", "benchmarks.report", "--compare", str(out), str(out)],
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert compared.returncode == 0, compared.stderr[-3000:]
     assert compared.stdout.count("**lcm_grep before and after") == len(backends)
+    for title in ("ingest, before and after", "whole turn", "compaction and start-up"):
+        assert f"**{title}" in compared.stdout, title
+    rows = [line for line in compared.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert sum(line.startswith(f"| {b} | start-up in process") for line in rows for b in backends) == len(backends)
     assert sum(line.startswith("| needle |") for line in compared.stdout.splitlines()) == 4 * len(backends)
     for r in results["ingest"]:
         assert r["per_turn"]["no_tokenizer_turns_per_s"] > 0
