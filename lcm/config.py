@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from lcm.errors import ConfigError
 
 SUMMARIZER_CHOICES = ("auto", "llm", "extractive")
+#: Where a triggered compaction brings the context (a fraction of the window), unless
+#: LCM_COMPACTION_TARGET says otherwise. Chosen from the cache benchmark (docs/benchmarks.md):
+#: against Hermes' own compressor on the same transcript, 0.25 costs 0.93-0.97x on a 64k and a
+#: 200k window; 0.3 is at parity on 200k (0.97-1.01x), 0.5 costs 1.25x there. Lower targets
+#: make every request smaller and bursts rarer; higher ones keep more verbatim text in view.
+DEFAULT_COMPACTION_TARGET = 0.25
 
 
 def in_range(name: str, value: int, low: int, high: int | None = None) -> int:
@@ -99,6 +105,8 @@ class LcmConfig:
     summary_timeout_ms: int = _spec(60_000, "LCM_SUMMARY_TIMEOUT_MS", _int(100, 3_600_000), "timeout of one summary call")
     summarizer: str = _spec("auto", "LCM_SUMMARIZER", _choice(SUMMARIZER_CHOICES), "auto, llm or extractive")
     expansion_context_tokens: int = _spec(32_000, "LCM_EXPANSION_CONTEXT_TOKENS", _int(256), "evidence budget of lcm_expand_query")
+    compaction_target: float | None = _spec(None, "LCM_COMPACTION_TARGET", lambda n, r: _parse_float(n, r, 0.0, 1.0), "fraction of the window a triggered compaction brings the context down to (below the threshold; default 0.5, or two thirds of a lower threshold)")
+    cache_ttl_seconds: int = _spec(300, "LCM_CACHE_TTL_SECONDS", _int(0, 86_400), "idle time after which the provider's prompt cache is taken to be cold (0: never)")
     # Extensions beyond the contract (documented in docs/engine.md):
     leaf_target_tokens: int = _spec(1_200, "LCM_LEAF_TARGET_TOKENS", _int(50), "size a leaf summary aims for")
     condensed_target_tokens: int = _spec(1_600, "LCM_CONDENSED_TARGET_TOKENS", _int(50), "size a condensed summary aims for")
@@ -116,8 +124,21 @@ class LcmConfig:
             raw = env.get(f.metadata["env"])
             if raw is not None and raw.strip() != "":
                 values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
-        config = cls(**values)
-        return replace(config, **overrides) if overrides else config
+        return cls(**{**values, **overrides})
+
+    def __post_init__(self) -> None:
+        if self.compaction_target is not None and self.compaction_target >= self.context_threshold:
+            raise ConfigError(f"LCM_COMPACTION_TARGET must be below LCM_CONTEXT_THRESHOLD "
+                             f"({self.context_threshold}), got {self.compaction_target}: a compaction "
+                             "starts at the threshold and brings the context down to the target")
+
+    @property
+    def target_fraction(self) -> float:
+        """The compaction target as a fraction of the window: LCM_COMPACTION_TARGET, else
+        DEFAULT_COMPACTION_TARGET, else two thirds of a threshold lower than that."""
+        if self.compaction_target is not None:
+            return self.compaction_target
+        return min(DEFAULT_COMPACTION_TARGET, self.context_threshold * 2 / 3)
 
     @property
     def leaf_target(self) -> int:

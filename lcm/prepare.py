@@ -18,8 +18,17 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lcm import codec
 from lcm.errors import InvalidMessageError
-from lcm.messages import CONTENT_TEXT, EncodedMessage, chain_identity, encode_message, uid_identity
+from lcm.messages import (
+    CONTENT_TEXT,
+    EncodedMessage,
+    chain_identity,
+    clean_message,
+    encode_message,
+    message_text,
+    uid_identity,
+)
 from lcm.textindex import index_body
 from lcm.tokens import TokenCounter
 from lcm.transcript import recall_call_ids as recall_call_ids_of
@@ -49,6 +58,22 @@ class PreparedMessage:
     search_text: str | None
     body: str  # the index text itself (also handed to the backend's index upkeep)
     payload: Payload | None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSystemPrompt:
+    """A leading system prompt ready for storage: its lossless text, digest and tokens."""
+
+    text: str  # ``lcm.codec.encode_json`` of the message (Hermes' bookkeeping keys left out)
+    digest: str  # sha256 of ``text``: two versions are the same exactly when their texts are
+    token_count: int
+
+
+def prepare_system_prompt(message: Mapping[str, Any], tokens: TokenCounter) -> PreparedSystemPrompt:
+    """A system prompt as stored: the message as sent (less ``_db_persisted``), losslessly."""
+    text = codec.encode_json(clean_message(message))
+    return PreparedSystemPrompt(text, hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                                tokens.count_message_text(message_text(message)))
 
 
 def index_text(message: Mapping[str, Any], recall_ids: Collection[str] = frozenset()) -> str:

@@ -108,6 +108,19 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SystemPromptRecord:
+    """A version of a session's leading system prompt (kept once per session, by digest)."""
+
+    id: int
+    session_pk: int
+    digest: str
+    message: dict[str, Any]
+    token_count: int
+    first_seq: int  # seq of the first message it preceded
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class NewSummary:
     """A summary to write: ``source_ids`` are message store ids (depth 0) or node ids."""
 

@@ -9,10 +9,12 @@ Blank lines are skipped. Every line is validated before anything is written; a b
 reported with its line number (item number in a JSON list) and, unless the caller skips bad
 lines, nothing is imported.
 
-Plain messages are a *host transcript*: a leading system prompt is not stored (hosts rebuild it
-every turn) and lcm's own summary messages are dropped, exactly as live ingest does. Export
-lines are stored messages and are imported verbatim, with their recorded times, so that
-``export → ingest → export`` reproduces the export byte for byte.
+Plain messages are a *host transcript*: a leading system prompt is kept as the session's system
+prompt (once per version, never a conversation message) and lcm's own summary messages are
+dropped, exactly as live ingest does. Export lines are stored messages and are imported
+verbatim, with their recorded times, so that ``export → ingest → export`` reproduces the export
+byte for byte; a line marked ``"system_prompt": true`` is a version of the session's system
+prompt (``lcm export`` writes each version right before the first message it preceded).
 
 Idempotence (``import_session``): the file's messages are matched, in order, against the
 session's stored messages from the start. Stored messages that are a prefix of the file are
@@ -35,8 +37,8 @@ from lcm.context.ingest import message_key, meta_key
 from lcm.context.ports import StorePorts
 from lcm.errors import InvalidMessageError, LcmError
 from lcm.messages import content_hash, encode_message, parse_timestamp
-from lcm.prepare import prepare_messages
-from lcm.records import MessageRecord, SessionRecord
+from lcm.prepare import prepare_messages, prepare_system_prompt
+from lcm.records import MessageRecord, SessionRecord, SystemPromptRecord
 from lcm.tokens import TokenCounter
 from lcm.transcript import is_lcm_summary, is_real_user, recall_call_ids, role_of
 
@@ -59,6 +61,8 @@ class Entry:
     conversation_id: str | None = None
     timestamp: float | None = None
     exported: bool = False  # an export line: a stored message, imported verbatim
+    system_prompt: bool = False  # a version of the session's system prompt, not a message
+    seq: int | None = None  # an export line's seq (a system prompt's: the first message it preceded)
 
 
 @dataclass
@@ -137,9 +141,18 @@ def _entry(where: int, raw: Any) -> Entry:
                 raise InvalidMessageError(f"'timestamp' must be Unix seconds or ISO-8601 with a zone, "
                                           f"got {raw['timestamp']!r}")
             meta["timestamp"] = ts
+        if raw.get("system_prompt") not in (None, True, False):
+            raise InvalidMessageError("'system_prompt' must be true or false")
+        if raw.get("system_prompt") and message.get("role") != "system":
+            raise InvalidMessageError("a line marked 'system_prompt' must hold a system message")
+        seq = raw.get("seq")
+        if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 0):
+            raise InvalidMessageError(f"'seq' must be a non-negative integer, got {seq!r}")
+        meta["seq"] = seq
     return Entry(where=where, message=message, session_key=meta.get("session_id"),
                  platform=meta.get("platform"), conversation_id=meta.get("conversation_id"),
-                 timestamp=meta.get("timestamp"), exported=exported)
+                 timestamp=meta.get("timestamp"), exported=exported,
+                 system_prompt=bool(exported and raw.get("system_prompt")), seq=meta.get("seq"))
 
 
 def read_transcript(source: str | Path | TextIO, *, skip_bad: bool = False) -> Transcript:
@@ -173,7 +186,10 @@ class SessionPlan:
     entries: list[Entry]
     platform: str | None = None
     conversation_id: str | None = None
-    dropped: int = 0  # system prompt and lcm summaries of a host transcript, not stored
+    dropped: int = 0  # lcm summaries of a host transcript, not stored
+    #: Versions of the session's system prompt, each with the seq of the first message it
+    #: preceded: a plain transcript's leading system message, or export lines marked so.
+    system_prompts: list[tuple[Entry, int]] = field(default_factory=list)
 
 
 def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:
@@ -189,10 +205,15 @@ def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> 
         plan.conversation_id = plan.conversation_id or entry.conversation_id
         plan.entries.append(entry)
     for plan in plans.values():
-        kept = []
+        kept: list[Entry] = []
         for i, entry in enumerate(plan.entries):
-            if not entry.exported and (is_lcm_summary(entry.message) or (
-                    i == 0 and role_of(entry.message) == "system")):
+            if entry.system_prompt:
+                plan.system_prompts.append((entry, entry.seq if entry.seq is not None else len(kept) + 1))
+                continue
+            if not entry.exported and i == 0 and role_of(entry.message) == "system":
+                plan.system_prompts.append((entry, 1))
+                continue
+            if not entry.exported and is_lcm_summary(entry.message):
                 plan.dropped += 1
                 continue
             kept.append(entry)
@@ -207,6 +228,7 @@ class ImportReport:
     already_stored: int
     added: int
     dropped: int
+    system_prompts: int = 0  # versions of the system prompt this import kept (new ones)
 
 
 def turns(entries: Sequence[Entry]) -> list[list[Entry]]:
@@ -237,6 +259,9 @@ def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: Tok
         raise TranscriptError(
             f"session {plan.session_key!r} already holds different messages: its message {common + 1} "
             f"is not the file's ({where}); import into another session (--session NAME)")
+    kept_prompts = sum(store.sessions.keep_system_prompt(
+        session.id, prepare_system_prompt(entry.message, tokens), first_seq=first_seq, at=entry.timestamp)
+        for entry, first_seq in plan.system_prompts)
     anchor = stored[common - 1].identity if common else None
     rest = plan.entries[common:]
     recall = recall_call_ids([e.message for e in plan.entries])
@@ -249,7 +274,7 @@ def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: Tok
         added += result.inserted
         if after_turn is not None:
             after_turn(session, result.inserted)
-    return ImportReport(plan.session_key, len(plan.entries), common, added, plan.dropped)
+    return ImportReport(plan.session_key, len(plan.entries), common, added, plan.dropped, kept_prompts)
 
 
 # --------------------------------------------------------------------------- export
@@ -261,9 +286,17 @@ def export_line(session: SessionRecord, record: MessageRecord) -> dict[str, Any]
             "timestamp": record.ts, "message": record.message}
 
 
+def system_prompt_line(session: SessionRecord, prompt: SystemPromptRecord) -> dict[str, Any]:
+    """A version of the session's system prompt: ``seq`` is the first message it preceded."""
+    return {"session_id": session.session_key, "platform": session.platform,
+            "conversation_id": session.conversation_id, "seq": prompt.first_seq,
+            "timestamp": prompt.created_at, "system_prompt": True, "message": prompt.message}
+
+
 def export_sessions(store: StorePorts, agent: str, session_key: str | None = None) -> Iterator[dict[str, Any]]:
     """Every stored message of the agent's session (or of all its sessions, oldest session
-    first), in store order, as export lines; read page by page, so memory stays flat."""
+    first), in store order, as export lines, each version of a session's system prompt right
+    before the first message it preceded; read page by page, so memory stays flat."""
     if session_key is not None:
         found = store.sessions.find(agent, session_key)
         if found is None:
@@ -272,13 +305,18 @@ def export_sessions(store: StorePorts, agent: str, session_key: str | None = Non
     else:
         sessions = store.sessions.each(agent)
     for session in sessions:
+        prompts = store.sessions.system_prompts(session.id)  # in first_seq order
         cursor = None
         while True:
             records, cursor = store.messages.page(session.id, after_store_id=cursor, limit=EXPORT_PAGE)
             for record in records:
+                while prompts and prompts[0].first_seq <= record.seq:
+                    yield system_prompt_line(session, prompts.pop(0))
                 yield export_line(session, record)
             if cursor is None:
                 break
+        for prompt in prompts:  # versions that came after the last stored message
+            yield system_prompt_line(session, prompt)
 
 
 def dump_line(line: Mapping[str, Any]) -> str:

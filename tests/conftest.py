@@ -116,8 +116,11 @@ def session(store: Store):
 # --------------------------------------------------------------------------- engine fixtures
 
 #: Small sizes so compaction, condensation and budgets all trigger on small conversations.
+#: Sizes scaled to the tests' tiny windows (3,000-10,000 tokens). The compaction target is half
+#: the window there: the default quarter of 3,000 tokens would be less than the fresh tail.
 SMALL_ENGINE = dict(fresh_tail_count=6, leaf_chunk_tokens=400, condensation_fanin=3,
-                    incremental_max_depth=2, leaf_target_tokens=80, condensed_target_tokens=100)
+                    incremental_max_depth=2, leaf_target_tokens=80, condensed_target_tokens=100,
+                    compaction_target=0.5)
 
 
 @pytest.fixture

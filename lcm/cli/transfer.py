@@ -152,7 +152,8 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     result = {"source": transcript.source, "agent": context.agent_id,
               "skipped": [{transcript.unit: w, "reason": why} for w, why in transcript.skipped],
               "sessions": [{"session_id": r.session_key, "in_file": r.in_file, "already_stored": r.already_stored,
-                            "added": r.added, "not_stored": r.dropped, "summaries": depth_counts[r.session_key]}
+                            "added": r.added, "not_stored": r.dropped, "system_prompts_kept": r.system_prompts,
+                            "summaries": depth_counts[r.session_key]}
                            for r in reports],
               "summaries_written": sum(o.get("leaves", 0) + o.get("condensed", 0) for o in outcomes)}
     if as_json:
@@ -167,10 +168,14 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
         table.add_row(row["session_id"], str(row["in_file"]), str(row["already_stored"]), str(row["added"]),
                       " ".join(f"{k}:{v}" for k, v in row["summaries"].items()) or "-")
     stdout.print(table)
+    prompts = sum(r.system_prompts for r in reports)
+    if prompts:
+        say(f"{prompts} system prompt version(s) kept with their session (not as messages; "
+            "lcm export writes them back)")
     dropped = sum(r.dropped for r in reports)
     if dropped:
-        say(f"{dropped} message(s) not stored: a leading system prompt or lcm's own summaries "
-            "(hosts resend those; lcm never stores them)")
+        say(f"{dropped} message(s) not stored: lcm's own summaries (hosts resend those; lcm never "
+            "stores them)")
 
 
 @click.command("export")
@@ -189,14 +194,18 @@ def export_command(url: str | None, agent: str, session_key: str | None, output:
         return
     target = Path(output).expanduser()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
-    count = 0
+    count = prompts = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
             for line in lines:
                 out.write(dump_line(line) + "\n")
-                count += 1
+                if line.get("system_prompt"):
+                    prompts += 1
+                else:
+                    count += 1
         os.replace(tmp, target)  # all or nothing: a failed export leaves no partial file
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    say(f"exported {count} message(s) to {target}")
+    extra = f" and {prompts} system prompt version(s)" if prompts else ""
+    say(f"exported {count} message(s){extra} to {target}")

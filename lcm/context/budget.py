@@ -38,16 +38,24 @@ def added_framing(has_nodes: bool) -> int:
 @dataclass
 class Window:
     """The model's window and lcm's limits inside it. Mutable: a host changes model (and
-    Hermes sets ``threshold_tokens`` and ``threshold_percent`` on the engine directly)."""
+    Hermes sets ``threshold_tokens`` and ``threshold_percent`` on the engine directly).
+
+    Hysteresis: a compaction starts at the *trigger* (the threshold, or the assembly cap when
+    lower) and brings the context down to the *target* (LCM_COMPACTION_TARGET of the window), so
+    that many turns go by, each only appending to the prompt, before the next one."""
 
     threshold_percent: float
+    #: LCM_COMPACTION_TARGET / LCM_CONTEXT_THRESHOLD: where a compaction ends relative to where
+    #: it starts (kept when the host moves the threshold, so the hysteresis moves with it).
+    target_ratio: float = 1.0
     max_assembly_tokens: int = 0  # LCM_MAX_ASSEMBLY_TOKENS; 0: the context window
     context_length: int = 0
     threshold_tokens: int = 0
 
     @classmethod
     def from_config(cls, config: LcmConfig, context_length: int = 0) -> Window:
-        window = cls(config.context_threshold, config.max_assembly_tokens)
+        ratio = config.target_fraction / config.context_threshold if config.context_threshold > 0 else 1.0
+        window = cls(config.context_threshold, min(1.0, ratio), config.max_assembly_tokens)
         window.resize(context_length)
         return window
 
@@ -61,11 +69,18 @@ class Window:
         return self.max_assembly_tokens or self.context_length
 
     @property
-    def target(self) -> float:
-        """Where a compaction aims: under the threshold, and under the assembly cap when that is
-        lower (summarizing is always preferred to leaving messages out of the context)."""
+    def trigger(self) -> float:
+        """Where a compaction starts: the threshold, or the assembly cap when that is lower."""
         limits = [t for t in (self.threshold_tokens, self.assembly_cap) if t > 0]
         return min(limits) if limits else NO_TARGET
+
+    @property
+    def target(self) -> float:
+        """Where a compaction, once started, brings the context: the trigger times
+        target/threshold (LCM_COMPACTION_TARGET of the window at the configured threshold; a
+        threshold the host moves, or a lower assembly cap, moves it along)."""
+        trigger = self.trigger
+        return trigger if trigger == NO_TARGET else trigger * self.target_ratio
 
     def under_pressure(self, tokens: int) -> bool:
         """The threshold or the assembly cap is reached."""

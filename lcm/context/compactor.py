@@ -1,13 +1,22 @@
 """Compaction: turn the oldest raw messages into leaf summaries, and runs of same-depth
 summaries into deeper ones, in bounded passes that each make progress or stop with a reason.
 
-A pass is either a condensation (exactly ``LCM_CONDENSATION_FANIN`` of the oldest uncondensed
-summaries of one depth become one summary of the next depth, up to
-``LCM_INCREMENTAL_MAX_DEPTH``) or a leaf (the oldest compactable run up to
-``LCM_LEAF_CHUNK_TOKENS``, ending right before an assistant message, becomes a depth-0
-summary). The summarizer runs outside any database transaction; the summary and its edges are
-written in one. A call runs passes until the estimated context is under the target, nothing is
-compactable, or ``LCM_MAX_PASSES`` / ``LCM_MAX_COMPACTION_SECONDS`` is reached — and says which.
+A pass is either a leaf (the oldest compactable run up to ``LCM_LEAF_CHUNK_TOKENS``, ending
+right before an assistant message, becomes a depth-0 summary) or a condensation (exactly
+``LCM_CONDENSATION_FANIN`` of the oldest uncondensed summaries of one depth become one summary
+of the next depth, up to ``LCM_INCREMENTAL_MAX_DEPTH``). The summarizer runs outside any
+database transaction; the summary and its edges are written in one.
+
+Bursts (hysteresis). A call starts only when the estimated context reaches ``start`` (the
+caller's trigger: the threshold, or the target itself when the cache is cold or the window
+shrank) and then runs passes until it is under ``target``, nothing is compactable, or
+``LCM_MAX_PASSES`` / ``LCM_MAX_COMPACTION_SECONDS`` is reached — and says which. Between bursts
+the prompt only grows at its end, so the provider's prompt cache stays warm.
+
+Condensation is lazy and batched: it rewrites summaries the host already holds (a cache miss
+from the first one rewritten), so it runs only inside a burst, only when the summaries take
+more than ``CONDENSE_SHARE`` of the target (or when no leaf can be made and the context is
+still over the target), and then condenses every full group at once, so it is rare.
 
 Call shape. A call reads the compaction view once and plans the fresh tail once (reading the
 raw messages near the tail, which then serve as leaf sources and as the assembled context's
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lcm.config import LcmConfig
-from lcm.context.budget import added_framing
+from lcm.context.budget import added_framing, summary_message_cost
 from lcm.context.framing import frame_messages, frame_summaries
 from lcm.context.planning import (
     Outcome,
@@ -56,6 +65,8 @@ META_PAGE = 500
 TAIL_WINDOW_EXTRA = 256
 #: User messages searched for the newest real one (host scaffolding rides in user messages).
 USER_LOOKBACK = 64
+#: Summaries may take this share of the compaction target before a burst condenses them.
+CONDENSE_SHARE = 0.25
 
 
 class Planned(Protocol):
@@ -134,6 +145,8 @@ class _Run:
     estimate: Callable[[SessionRecord], int]
     target: float
     focus: str | None
+    condensing: bool = False  # this burst condenses every full group (see ``_condensation``)
+    no_leaf: str | None = None  # why no leaf can be made (once known, no more leaves are tried)
 
 
 class Compactor:
@@ -226,17 +239,23 @@ class Compactor:
         return self._write(session, depth, draft, [n.id for n in nodes], focus)
 
     def run(self, session: SessionRecord, *, estimate: Callable[[SessionRecord], int], target: float,
-            force: bool = False, focus: str | None = None) -> CompactionResult:
-        """Passes until under ``target`` (or a bound, or nothing left); see the module docstring.
+            start: float | None = None, force: bool = False, focus: str | None = None,
+            cause: str = "") -> CompactionResult:
+        """A burst: nothing unless the context reaches ``start`` (default: ``target``), then
+        passes until under ``target`` (or a bound, or nothing left); see the module docstring.
 
-        ``session`` is the caller's latest view of the session; when it is already under the
-        target (and nothing forces a pass) the answer costs no read at all.
+        ``session`` is the caller's latest view of the session; when no burst is due (and
+        nothing forces one) the answer costs no read at all. ``cause`` says why the caller
+        asked (kept in the outcome).
         """
         started = time.monotonic()
         self.deadline = started + self.config.max_compaction_seconds
-        out = Outcome(tokens_before=estimate(session), at=time.time())
-        if out.tokens_before < target and not force:
-            out.status, out.reason = "not_needed", "the context is already under the target"
+        out = Outcome(tokens_before=estimate(session), at=time.time(), cause=cause)
+        begin = target if start is None else max(start, target)
+        if out.tokens_before < begin and not force:
+            out.status, out.reason = "not_needed", (
+                "the context is already under the target" if begin == target else
+                f"the context ({out.tokens_before} tokens) is under the compaction trigger ({int(begin)})")
             out.tokens_after = out.tokens_before
             return CompactionResult(out, None, None)
         run = _Run(self.store.summaries.compaction_view(session.id), None, force, estimate, target, focus)
@@ -249,7 +268,7 @@ class Compactor:
                 log.info("lcm compaction: concurrent writer on session %s (%s); re-planning",
                          run.view.session.session_key, exc)
                 out.passes += 1
-                run.view, run.plan = self.store.summaries.compaction_view(session.id), None
+                run.view, run.plan, run.no_leaf = self.store.summaries.compaction_view(session.id), None, None
         out.tokens_after = estimate(run.view.session) if out.passes else out.tokens_before
         out.seconds = round(time.monotonic() - started, 3)
         return CompactionResult(out, run.view, run.plan)
@@ -269,10 +288,28 @@ class Compactor:
         return False
 
     def _pass(self, run: _Run, out: Outcome) -> bool:
-        """One pass: a condensation when one is due, else a leaf while over the target. False
+        """One pass: a leaf while over the target, else a condensation when one is due. False
         when compaction is done (the outcome says why)."""
         session = run.view.session
-        condense = condensable(run.view, self.config)
+        over = run.estimate(session) >= run.target or run.force
+        if over and run.no_leaf is None:
+            if run.plan is None:
+                run.plan = self.plan_tail(session)
+            chunk = self.leaf_chunk(run.view, run.plan)
+            if chunk is not None:
+                made = self.leaf_pass(run.view, run.plan, chunk, run.focus)
+                if isinstance(made, Stopped):
+                    out.status, out.reason = "stopped", made.reason
+                    return False
+                run.view, run.plan = view_after_write(run.view, made), run.plan.after_leaf(made.session.covered_seq)
+                out.messages_summarized += len(chunk)
+                self._count(out, made.node, condensed=False)
+                run.force = False
+                return True
+            run.no_leaf = (f"nothing outside the fresh tail is left to summarize (the tail, kept "
+                           f"verbatim, starts at message {run.plan.tail_start})"
+                           if session.last_seq >= run.plan.first_raw else "every stored message is already summarized")
+        condense = self._condensation(run, over)
         if condense is not None:
             depth, nodes = condense
             made = self.condense_pass(session, depth, nodes, run.focus)
@@ -282,30 +319,30 @@ class Compactor:
             run.view = view_after_write(run.view, made, [n.id for n in nodes])
             self._count(out, made.node, condensed=True)
             return True
-        if run.estimate(session) < run.target and not run.force:
-            out.status = "compacted" if out.passes else "not_needed"
-            out.reason = ("the context is under the target" if out.passes else
-                          "the context is already under the target")
-            return False
-        if run.plan is None:
-            run.plan = self.plan_tail(session)
-        plan = run.plan
-        chunk = self.leaf_chunk(run.view, plan)
-        if chunk is None:
+        if over and run.no_leaf is not None:
             out.status = "compacted" if out.passes else "stopped"
-            out.reason = (f"nothing outside the fresh tail is left to summarize (the tail, kept "
-                          f"verbatim, starts at message {plan.tail_start})"
-                          if session.last_seq >= plan.first_raw else "every stored message is already summarized")
+            out.reason = run.no_leaf
             return False
-        made = self.leaf_pass(run.view, plan, chunk, run.focus)
-        if isinstance(made, Stopped):
-            out.status, out.reason = "stopped", made.reason
-            return False
-        run.view, run.plan = view_after_write(run.view, made), plan.after_leaf(made.session.covered_seq)
-        out.messages_summarized += len(chunk)
-        self._count(out, made.node, condensed=False)
-        run.force = False
-        return True
+        out.status = "compacted" if out.passes else "not_needed"
+        out.reason = ("the context is under the target" if out.passes else
+                      "the context is already under the target")
+        return False
+
+    def _condensation(self, run: _Run, over: bool) -> tuple[int, list[SummaryRecord]] | None:
+        """The next condensation of this burst, or None. Due when the summaries that can still be
+        condensed take more than ``CONDENSE_SHARE`` of the target, or when the context is still over the target and no
+        leaf can be made; once due, every full group is condensed in the same burst."""
+        if not run.condensing:
+            # Summaries already at LCM_INCREMENTAL_MAX_DEPTH cannot be condensed: only the others
+            # count, or a long session would condense on every burst.
+            movable = [n for n in run.view.uncondensed if self.config.can_condense_to(n.depth + 1)]
+            cost = summary_message_cost(len(movable), sum(n.token_count for n in movable))
+            heavy = cost > CONDENSE_SHARE * run.target
+            if not (heavy or (over and run.no_leaf is not None)):
+                return None
+        found = condensable(run.view, self.config)
+        run.condensing = found is not None
+        return found
 
     @staticmethod
     def _count(out: Outcome, made: SummaryRecord, *, condensed: bool) -> None:

@@ -6,7 +6,8 @@ whole persisted history after a restart, the same conversation from a second hos
 and a CLI resuming one session, a host and ``lcm ingest``). :class:`Ingestor` works out which
 of those messages are already stored and stores only the rest, in one transaction.
 
-What is not stored: the leading system prompt (the host rebuilds it every turn), the messages
+What is not stored as a message: the leading system prompt (the host rebuilds it every turn;
+``ContextSession`` keeps each distinct version apart, ``store.sessions.keep_system_prompt``), the messages
 lcm generated itself (recognised by digest, ``lcm.transcript.OwnMessages``), the host's
 ephemeral retry scaffolding, and a message that cannot be stored at all (not a JSON object, no
 usable role): that one is skipped, counted on the session (``skipped_count``) and logged once,

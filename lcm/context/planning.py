@@ -133,6 +133,8 @@ class Outcome:
 
     status: str = "not_needed"  # compacted, not_needed, stopped, partial
     reason: str = ""
+    #: Why a burst was asked for: threshold, cold_cache, window_shrank, forced ("" for none).
+    cause: str = ""
     passes: int = 0
     leaves: int = 0
     condensed: int = 0

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from lcm.prepare import PreparedMessage
+from lcm.prepare import PreparedMessage, PreparedSystemPrompt
 from lcm.records import (
     AppendResult,
     CheckResult,
@@ -29,6 +29,7 @@ from lcm.records import (
     SessionRecord,
     SortMode,
     SummaryRecord,
+    SystemPromptRecord,
     WrittenSummary,
 )
 
@@ -58,6 +59,9 @@ class SessionPort(Protocol):
     def agents(self) -> list[str]: ...
     def forks(self, parent_pk: int, fork_seq: int | None = None) -> list[SessionRecord]: ...
     def add_skipped(self, session_pk: int, count: int) -> None: ...
+    def keep_system_prompt(self, session_pk: int, prompt: PreparedSystemPrompt, *, first_seq: int,
+                           at: float | None = None) -> bool: ...
+    def system_prompts(self, session_pk: int) -> list[SystemPromptRecord]: ...
     def set_host_view(self, session_pk: int, first_seq: int, *,
                       outcome: Mapping[str, Any] | None = None) -> SessionRecord: ...
     def record_compaction(self, session_pk: int, outcome: Mapping[str, Any]) -> None: ...

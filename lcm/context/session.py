@@ -25,14 +25,15 @@ from typing import Any
 
 from lcm.config import LcmConfig
 from lcm.context.assembly import Assembly, assemble, load_raw
-from lcm.context.budget import Window, context_estimate, planning_config
-from lcm.context.compactor import Compactor
+from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_config
+from lcm.context.compactor import CompactionResult, Compactor
 from lcm.context.ingest import Ingestor, IngestResult, message_key
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
 from lcm.context.summarize import HostRoute, Summarizer
 from lcm.errors import InvalidMessageError, LcmError, NotFoundError
 from lcm.messages import content_hash, message_text
+from lcm.prepare import prepare_system_prompt
 from lcm.records import CompactionView, SessionRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
@@ -46,19 +47,67 @@ PLATFORM_CHARS = 64
 CONVERSATION_ID_CHARS = 255
 
 
+def _count(usage: Mapping[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` the usage reports as a number (nested ``a.b`` keys allowed)."""
+    for key in keys:
+        value: Any = usage
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
 @dataclass
 class Usage:
-    """What the host's model reported for its last call (``-1``: unknown since a compaction)."""
+    """What the host's model reported for its last call (``-1``: unknown since a compaction),
+    and the running prompt-cache figures of every call reported so far.
+
+    Reads the shapes providers and hosts report: OpenAI's ``prompt_tokens`` with
+    ``prompt_tokens_details.cached_tokens`` (and the Responses API's ``input_tokens_details``),
+    Anthropic's ``input_tokens`` beside ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens`` (which ``input_tokens`` does not include), and Hermes'
+    normalized ``cache_read_tokens`` / ``cache_write_tokens``."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    #: Running totals since the session started: requests reported, their prompt tokens, and
+    #: the prompt tokens the provider said it read from (and wrote to) its cache.
+    requests: int = 0
+    requests_with_cache: int = 0  # requests that reported a cache counter at all
+    prompt_total: int = 0
+    cache_read_total: int = 0
+    cache_write_total: int = 0
 
     def update(self, usage: Mapping[str, Any]) -> None:
-        prompt = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        read = _count(usage, "cache_read_tokens", "cache_read_input_tokens",
+                      "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens")
+        write = _count(usage, "cache_write_tokens", "cache_creation_input_tokens")
+        prompt = _count(usage, "prompt_tokens")
+        if prompt is None:
+            prompt = _count(usage, "input_tokens") or 0
+            if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
+                prompt += (read or 0) + (write or 0)  # Anthropic: input_tokens excludes the cache
+        completion = _count(usage, "completion_tokens", "output_tokens") or 0
         self.prompt_tokens, self.completion_tokens = prompt, completion
-        self.total_tokens = int(usage.get("total_tokens") or prompt + completion)
+        self.total_tokens = _count(usage, "total_tokens") or prompt + completion
+        if prompt <= 0:
+            return
+        self.requests += 1
+        self.prompt_total += prompt
+        if read is not None or write is not None:
+            self.requests_with_cache += 1
+            self.cache_read_total += read or 0
+            self.cache_write_total += write or 0
+
+    def cache_report(self) -> dict[str, Any]:
+        """The running cache figures, as ``lcm_status`` shows them."""
+        share = (round(self.cache_read_total / self.prompt_total, 4)
+                 if self.requests_with_cache and self.prompt_total else None)
+        return {"requests": self.requests, "requests_reporting_cache": self.requests_with_cache,
+                "prompt_tokens": self.prompt_total, "cache_read_tokens": self.cache_read_total,
+                "cache_write_tokens": self.cache_write_total, "cache_read_share": share}
 
 
 @dataclass(frozen=True)
@@ -91,7 +140,8 @@ class ContextSession:
                  open_store: Callable[[], StorePorts] | None = None,
                  summarizer: Summarizer | None = None, tokens: TokenCounter | None = None,
                  host_route: HostRoute | None = None, agent_id: str | None = None,
-                 context_length: int = 0, model: str | None = None):
+                 context_length: int = 0, model: str | None = None,
+                 clock: Callable[[], float] = time.time):
         if store is None and open_store is None:
             raise ValueError("a ContextSession needs a store or a way to open one (open_store)")
         self.config = config
@@ -122,6 +172,16 @@ class ContextSession:
         self._carry_from: int | None = None
         self._stalled_at: int | None = None  # context size at which compaction last found nothing
         self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
+        #: Wall clock (injectable): how long the host has been idle, for the cold-cache rule.
+        self.clock = clock
+        #: When the host's model last answered (its prompt cache was last touched); None before
+        #: the first answer and after a compaction (the next request rewrites the cache anyway).
+        self.last_request_at: float | None = None
+        #: The compaction trigger when the last turn was handled: a lower one now means the
+        #: window shrank, and the next turn compacts down to the new target.
+        self._trigger_seen: float | None = None
+        #: (session, system prompt) last kept: the next turn's prompt is compared with it.
+        self._system_held: tuple[int, dict[str, Any]] | None = None
 
     def clone(self, *, open_store: Callable[[], StorePorts] | None = None) -> ContextSession:
         """A fresh context for another agent or copy of the host: same settings, store (or
@@ -129,7 +189,7 @@ class ContextSession:
         session state."""
         twin = ContextSession(self.config, self._store, open_store=open_store or self._open_store,
                               tokens=self._tokens, host_route=self.host_route,
-                              agent_id=self.agent_id, model=self.model)
+                              agent_id=self.agent_id, model=self.model, clock=self.clock)
         twin.window = copy.copy(self.window)
         return twin
 
@@ -247,6 +307,7 @@ class ContextSession:
         self.last_outcome = None
         self._handed = None
         self.usage = Usage()
+        self.last_request_at = None
         self.compactions = 0
 
     def _carry(self, from_pk: int, to: SessionRecord) -> None:
@@ -278,20 +339,80 @@ class ContextSession:
     # ------------------------------------------------------------------ each turn
 
     def ingest(self, messages: Sequence[Any]) -> IngestResult:
-        """Store the host's transcript (each message exactly once) in the bound session."""
+        """Store the host's transcript (each message exactly once) in the bound session, and its
+        leading system prompt once per version."""
         result = self.ingestor.ingest(self.session.id, messages)
         self.current = result.session
+        self._keep_system(result)
         return result
 
     def ingest_into(self, session: SessionRecord, messages: Sequence[Any]) -> IngestResult:
         """Store a transcript in another session of the agent (one the host says has ended)."""
-        return self.ingestor.ingest(session.id, messages)
+        result = self.ingestor.ingest(session.id, messages)
+        self._keep_system(result)
+        return result
+
+    def _keep_system(self, result: IngestResult) -> None:
+        """Keep the transcript's leading system prompt when this session has not seen this
+        version: compared with the last one seen first (most turns send the same prompt), so
+        the digest is computed, and the store asked, only when it changed."""
+        system, session = result.system, result.session
+        if system is None:
+            return
+        held = self._system_held
+        if held is not None and held[0] == session.id and held[1] == system:
+            return
+        try:
+            prompt = prepare_system_prompt(system, self.tokens)
+        except (ValueError, InvalidMessageError) as exc:  # not storable: the turn goes on
+            log.warning("lcm: the system prompt cannot be stored: %s", exc)
+            return
+        first_seq = session.last_seq - result.added + 1  # the first message it came with
+        self.store.sessions.keep_system_prompt(session.id, prompt, first_seq=first_seq)
+        self._system_held = (session.id, copy.deepcopy(dict(system)))
+
+    def observe_response(self, usage: Mapping[str, Any]) -> None:
+        """The host's model answered: its token counts and cache counters, and the time (the
+        provider's prompt cache was touched now)."""
+        self.usage.update(usage)
+        if self.usage.prompt_tokens > 0:
+            self.last_request_at = self.clock()
+
+    def cache_cold(self) -> bool:
+        """The host has been idle longer than LCM_CACHE_TTL_SECONDS since its model last
+        answered: the provider's prompt cache has expired, so rewriting the prompt costs
+        nothing extra now."""
+        ttl = self.config.cache_ttl_seconds
+        return bool(ttl) and self.last_request_at is not None and self.clock() - self.last_request_at > ttl
+
+    def window_shrank(self) -> bool:
+        """The trigger is lower than when the last turn was handled (a smaller model window)."""
+        seen = self._trigger_seen
+        return seen is not None and seen != NO_TARGET and self.window.trigger < seen
+
+    def compaction_cause(self, tokens: int, *, force: bool = False) -> str | None:
+        """Why a context of ``tokens`` should be compacted now, or None (the policy, in order):
+        ``forced``; ``threshold`` (the trigger or the assembly cap is reached); and, over the
+        target only, ``window_shrank`` and ``cold_cache`` (idle past LCM_CACHE_TTL_SECONDS: the
+        next request misses the cache anyway, so compacting now delays the next burst under a
+        warm one)."""
+        if force:
+            return "forced"
+        if self.window.under_pressure(tokens):
+            return "threshold"
+        if tokens > self.window.target:
+            if self.window_shrank():
+                return "window_shrank"
+            if self.cache_cold():
+                return "cold_cache"
+        return None
 
     def should_compact(self, prompt_tokens: int) -> bool:
-        """Pressure (threshold or assembly cap reached), unless the last compaction at this size
+        """A compaction is due (:meth:`compaction_cause`), unless the last compaction at this size
         already found nothing to do: a host that reaches the store only through :meth:`turn`
-        gives the store nothing new to look at until its transcript grows."""
-        if not self.window.under_pressure(prompt_tokens):
+        gives the store nothing new to look at until its transcript grows. After a burst it is
+        false again until the context reaches the trigger."""
+        if self.compaction_cause(prompt_tokens) is None:
             return False
         return self._stalled_at is None or prompt_tokens > self._stalled_at
 
@@ -299,7 +420,7 @@ class ContextSession:
         """A rough check before the host's model call: over the limits, and something to do."""
         rough = sum(len(json.dumps(m, ensure_ascii=False, default=str)) for m in messages)
         rough = rough // CHARS_PER_TOKEN_ESTIMATE + self.overhead
-        return self.window.under_pressure(int(rough)) and self.has_content_to_compress(messages)
+        return self.compaction_cause(int(rough)) is not None and self.has_content_to_compress(messages)
 
     def has_content_to_compress(self, messages: Sequence[Any]) -> bool:
         """Is anything in this transcript outside the fresh tail (or ready to condense)?"""
@@ -337,8 +458,8 @@ class ContextSession:
                 "at": time.time()})
             return messages
         sys_tokens, host_size = self._measure(messages, seen, current_tokens)
-        done = self.compactor.run(seen.session, estimate=context_estimate(self.overhead, sys_tokens),
-                                  target=self.window.target, force=force, focus=focus)
+        done = self._burst(seen.session, context_estimate(self.overhead, sys_tokens), host_size,
+                           force=force, focus=focus)
         outcome = done.outcome
         # Nothing could be done at this size: should_compact stops promising until it grows.
         self._stalled_at = host_size if outcome.passes == 0 and outcome.status == "stopped" else None
@@ -372,6 +493,22 @@ class ContextSession:
         self.record(result)
         return messages
 
+    def _burst(self, session: SessionRecord, estimate: Callable[[SessionRecord], int], host_size: int, *,
+               force: bool, focus: str | None) -> CompactionResult:
+        """Compact when due (:meth:`compaction_cause`, on the larger of the host's size and
+        lcm's estimate), down to the target."""
+        window = self.window
+        cause = self.compaction_cause(max(host_size, estimate(session)), force=force)
+        # At the trigger a burst is due whatever lcm's own estimate says (the host measured);
+        # for the other causes the estimate must be over the target.
+        start = 0.0 if cause in ("forced", "threshold") else window.target if cause else window.trigger
+        done = self.compactor.run(session, estimate=estimate, start=start, target=window.target,
+                                  force=force, focus=focus, cause=cause or "")
+        self._trigger_seen = window.trigger
+        if done.outcome.passes:
+            self.last_request_at = None  # the next request writes the cache afresh anyway
+        return done
+
     def _measure(self, messages: Sequence[Any], seen: IngestResult,
                  current_tokens: int | None) -> tuple[int, int]:
         """(the system prompt's tokens, the size of the host's context): lcm's count of what the
@@ -390,8 +527,8 @@ class ContextSession:
         """Compact the bound session from what is stored, with no host transcript: what an
         import does after each turn. Same planning, bounds and outcome as :meth:`turn`."""
         session = self.store.sessions.get(self.session.id)
-        done = self.compactor.run(session, estimate=context_estimate(0, 0), target=self.window.target,
-                                  force=force, focus=focus)
+        estimate = context_estimate(0, 0)
+        done = self._burst(session, estimate, estimate(session), force=force, focus=focus)
         if done.outcome.passes and done.view is not None:
             self.current = done.view.session
             self.ingestor.forget(session.id)  # a host view, if any, is out of date now

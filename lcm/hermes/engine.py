@@ -214,7 +214,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         self.context.set_model(model, context_length)
 
     def update_from_response(self, usage: dict[str, Any]) -> None:
-        self.context.usage.update(usage or {})
+        self.context.observe_response(usage or {})
 
     # ------------------------------------------------------------------ when to compact
 
@@ -254,6 +254,8 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
             "session_id": context.current.session_key if context.current else None,
             "fresh_tail_count": self.config.fresh_tail_count,
             "max_assembly_tokens": context.window.assembly_cap,
+            "compaction_target_tokens": int(context.window.target) if context.window.context_length else None,
+            "cache": context.usage.cache_report(),
             "last_compaction": context.last_outcome or (
                 context.current.last_compaction if context.current else None),
             "last_error": context.last_error,

@@ -36,6 +36,7 @@ from lcm.store.schema import (
     SessionAlias,
     Summary,
     SummarySource,
+    SystemPrompt,
 )
 
 messages_t = cast(Table, Message.__table__)
@@ -47,6 +48,7 @@ payloads_t = cast(Table, Payload.__table__)
 aliases_t = cast(Table, SessionAlias.__table__)
 carried_t = cast(Table, CarriedSummary.__table__)
 generated_t = cast(Table, Generated.__table__)
+system_prompts_t = cast(Table, SystemPrompt.__table__)
 
 #: Rows per ``IN (...)`` list.
 IN_CHUNK = 500

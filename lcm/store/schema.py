@@ -11,7 +11,8 @@ Invariants the schema itself enforces:
   * a message is covered by at most one leaf and a summary condensed into at most one parent:
     ``UNIQUE(message_id)`` and ``UNIQUE(child_id)`` on the edge table, each edge pointing at
     exactly one of the two (CHECK);
-  * a session is unique per agent: ``UNIQUE(agent_id, session_key)``.
+  * a session is unique per agent: ``UNIQUE(agent_id, session_key)``;
+  * a system prompt is kept once per version per session: ``UNIQUE(session_id, digest)``.
 """
 
 from __future__ import annotations
@@ -208,6 +209,28 @@ class Message(Base):
     ts: Mapped[float] = mapped_column(Float)
     #: NULL, or JSON saying what lcm changed to store the message (a value JSON cannot hold).
     problem: Mapped[str | None] = mapped_column(Text)
+
+
+class SystemPrompt(Base):
+    """A version of a session's leading system prompt, kept once (by digest) with the first
+    message it preceded. Not a conversation message: no ``seq``, not searched, not compacted."""
+
+    __tablename__ = "lcm_system_prompts"
+    __table_args__ = (
+        UniqueConstraint("session_id", "digest"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("lcm_sessions.id"))
+    #: sha256 of the stored message text: what makes two versions the same.
+    digest: Mapped[str] = mapped_column(String(64))
+    #: The whole message, lossless JSON (``lcm.codec.encode_json``): exactly what the host sent.
+    message: Mapped[str] = mapped_column(Text)
+    token_count: Mapped[int] = mapped_column(Integer)
+    #: ``seq`` of the first message the version preceded (the session's next seq when it came).
+    first_seq: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class Summary(Base):

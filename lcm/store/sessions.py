@@ -17,7 +17,8 @@ from sqlalchemy import Select, and_, select, update
 
 from lcm import codec
 from lcm.errors import NotFoundError
-from lcm.records import SessionRecord
+from lcm.prepare import PreparedSystemPrompt
+from lcm.records import SessionRecord, SystemPromptRecord
 from lcm.store._core import (
     MAX_PAGE_LIMIT,
     StoreCore,
@@ -28,6 +29,7 @@ from lcm.store._core import (
     session_record,
     session_select,
     sessions_t,
+    system_prompts_t,
 )
 from lcm.store.family import FamilyWriter, add_skipped_statement
 
@@ -193,6 +195,32 @@ class SessionRepository:
         with self._core.write() as conn:
             conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
                 last_compaction=codec.encode_json(dict(outcome))))
+
+    def keep_system_prompt(self, session_pk: int, prompt: PreparedSystemPrompt, *, first_seq: int,
+                           at: float | None = None) -> bool:
+        """Keep a version of the session's leading system prompt, once (by digest): True when
+        it is new. ``first_seq``: the first message it preceded; ``at``: when it was first seen
+        (now, unless an import says otherwise)."""
+        row = {"session_id": session_pk, "digest": prompt.digest, "message": prompt.text,
+               "token_count": checked_int("token_count", prompt.token_count, low=0),
+               "first_seq": checked_int("first_seq", first_seq, low=0),
+               "created_at": time.time() if at is None else float(at)}
+        with self._core.write() as conn:
+            before = conn.execute(select(system_prompts_t.c.id).where(
+                system_prompts_t.c.session_id == session_pk, system_prompts_t.c.digest == prompt.digest)).first()
+            if before is not None:
+                return False
+            self._core.backend.insert_ignore(conn, system_prompts_t, [row], ["session_id", "digest"])
+            return True
+
+    def system_prompts(self, session_pk: int) -> list[SystemPromptRecord]:
+        """Every version of the session's system prompt, in the order they came."""
+        t = system_prompts_t
+        with self._core.read() as conn:
+            rows = conn.execute(select(t).where(t.c.session_id == session_pk).order_by(t.c.first_seq, t.c.id)).all()
+        return [SystemPromptRecord(id=r.id, session_pk=r.session_id, digest=r.digest,
+                                   message=codec.decode_json(r.message), token_count=r.token_count,
+                                   first_seq=r.first_seq, created_at=r.created_at) for r in rows]
 
     @contextmanager
     def family(self, session_pk: int) -> Iterator[FamilyWriter]:

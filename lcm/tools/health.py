@@ -20,6 +20,7 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
     nodes = {f"d{d.depth}": d.count for d in store.summaries.depth_stats(session.id)}
     summarizer = context.summarizer.describe()
     last = context.last_outcome or session.last_compaction or {}
+    prompts = store.sessions.system_prompts(session.id)
     return {
         "agent_id": context.agent_id, "session_id": session.session_key,
         "session_ids": store.sessions.keys(session.id),
@@ -31,19 +32,29 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
         "raw_messages": session.last_seq - session.covered_seq, "raw_tokens": session.raw_tokens,
         "nodes_by_depth": nodes,
         "carried_summaries": len(store.summaries.carried(session.id)),
+        "system_prompt": ({"digest": prompts[-1].digest, "token_count": prompts[-1].token_count,
+                           "first_seq": prompts[-1].first_seq, "versions": len(prompts)} if prompts else None),
         "context_length": context.window.context_length, "threshold_tokens": context.window.threshold_tokens,
+        "target_tokens": _tokens_or_none(context.window.target),
         "last_prompt_tokens": max(context.usage.prompt_tokens, 0),
+        "cache": {**context.usage.cache_report(), "ttl_seconds": context.config.cache_ttl_seconds,
+                  "cold": context.cache_cold()},
         "max_assembly_tokens": context.window.assembly_cap,
         "backend": store.backend_name, "database": store.location,
         "summarizer": {"route": summarizer["route"], "mode": summarizer["mode"],
                        "fallbacks": summarizer["fallbacks"], "breaker": summarizer["breaker"]},
         "last_compaction": {"status": last.get("status", "none"),
                             "reason": last.get("reason", "no compaction has run in this session yet"),
-                            **{k: last[k] for k in ("passes", "leaves", "condensed", "tokens_before",
+                            **{k: last[k] for k in ("cause", "passes", "leaves", "condensed", "tokens_before",
                                                      "tokens_after", "assembled_tokens", "over_budget")
                                if k in last}},
         "last_error": context.last_error,
     }
+
+
+def _tokens_or_none(value: float) -> int | None:
+    """A token limit, or None when no window is known."""
+    return None if value == float("inf") else int(value)
 
 
 def doctor(context: ContextSession, args: Parsed) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from lcm.context.session import ContextSession
 from lcm.records import MessageRecord, SearchHit, SessionRecord, SortMode, SummaryRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import ArgumentError, Parsed
-from lcm.tools.render import bounded_message, clip_prefix, field_text, message_item, search_hit, text_content
+from lcm.tools.render import (
+    bounded_message,
+    clip_prefix,
+    field_text,
+    message_item,
+    search_hit,
+    system_prompt_item,
+    text_content,
+)
 from lcm.tools.specs import (
     DESCRIBE_NODES_CAP,
     DESCRIBE_SOURCE_IDS_CAP,
@@ -259,6 +267,10 @@ def load_session(context: ContextSession, args: Parsed) -> dict[str, Any]:
                                 "pass the next_cursor of the previous page")
     records, cursor = context.store.messages.page(session.id, after_store_id=after, limit=args["limit"],
                                                  roles=args.get("roles") or None)
-    return {"session_id": session.session_key,
-            "messages": [message_item(r, args["max_content_chars"]) for r in records],
-            "next_cursor": cursor}
+    out: dict[str, Any] = {"session_id": session.session_key,
+                           "messages": [message_item(r, args["max_content_chars"]) for r in records],
+                           "next_cursor": cursor}
+    if args.get("include_system_prompt"):
+        out["system_prompts"] = [system_prompt_item(p, args["max_content_chars"])
+                                 for p in context.store.sessions.system_prompts(session.id)]
+    return out

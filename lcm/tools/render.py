@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lcm.records import MessageRecord, SearchHit
+from lcm.records import MessageRecord, SearchHit, SystemPromptRecord
 from lcm.tools.specs import FIELD_CHARS_CAP
 
 
@@ -57,6 +57,14 @@ def message_item(rec: MessageRecord, max_chars: int) -> dict[str, Any]:
     item["message"] = msg
     item.update(flags)
     return item
+
+
+def system_prompt_item(prompt: SystemPromptRecord, max_chars: int) -> dict[str, Any]:
+    """A version of a session's system prompt: its digest, size, the first message it came
+    with, and the message (text cut to ``max_chars``, flagged like a message item)."""
+    msg, flags = bounded_message(prompt.message, max_chars)
+    return {"digest": prompt.digest, "token_count": prompt.token_count, "first_seq": prompt.first_seq,
+            "timestamp": prompt.created_at, "message": msg, **flags}
 
 
 def clip_prefix(text: str, chars: int) -> tuple[str, bool]:

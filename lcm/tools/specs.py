@@ -82,9 +82,12 @@ SPECS: dict[str, tuple[str, list[Arg]]] = {
          Arg("after_store_id", "integer", minimum=1, description="The next_cursor of the previous page."),
          Arg("max_content_chars", "integer", default=4_000, minimum=1, cap=LOAD_CHARS_CAP,
              description="Characters of each message's text."),
-         Arg("roles", "string_list", description="Only these roles, e.g. [\"user\", \"assistant\"].")]),
-    "lcm_status": ("Context context state: stored messages, summaries per depth, context pressure, "
-                   "last compaction and why, database and summarizer.", []),
+         Arg("roles", "string_list", description="Only these roles, e.g. [\"user\", \"assistant\"]."),
+         Arg("include_system_prompt", "boolean", default=False,
+             description="Also return the session's system prompt: every version kept, each with "
+                         "the seq of the first message it came with (cut to max_content_chars).")]),
+    "lcm_status": ("Context state: stored messages, summaries per depth, context pressure, "
+                   "last compaction and why, prompt-cache reads, the system prompt kept, database and summarizer.", []),
     "lcm_doctor": ("Health checks of the lcm store and configuration: integrity, schema, search "
                    "index, summary DAG coverage, settings.", []),
 }

@@ -77,7 +77,8 @@ def ingested(lcm, db_url, chat_file, monkeypatch) -> str:
     res = run_json(lcm, "ingest", str(chat_file), "--url", db_url, "--agent", "ops", "--session", "s1",
                    "--platform", "cli", "--context-length", "2000")
     [row] = res["sessions"]
-    assert row["added"] == len(transcript()) - 1 and row["not_stored"] == 1  # the system prompt
+    assert row["added"] == len(transcript()) - 1 and row["not_stored"] == 0
+    assert row["system_prompts_kept"] == 1  # the system prompt: kept, not as a message
     assert row["summaries"].get("d0", 0) >= 2
     return db_url
 
@@ -119,15 +120,52 @@ def test_ingest_twice_adds_nothing_and_export_round_trips_exactly(lcm, ingested,
     assert again["sessions"][0]["added"] == 0 and again["sessions"][0]["already_stored"] == len(transcript()) - 1
     first = tmp_path / "first.jsonl"
     code, out, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(first))
-    assert code == 0 and f"exported {len(transcript()) - 1}" in out, err
+    assert code == 0 and f"exported {len(transcript()) - 1} message(s) and 1 system prompt" in out, err
     copy = run_json(lcm, "ingest", str(first), "--url", ingested, "--agent", "copy")
     assert copy["sessions"][0]["added"] == len(transcript()) - 1 and copy["sessions"][0]["not_stored"] == 0
+    assert copy["sessions"][0]["system_prompts_kept"] == 1
     code, second, err = lcm("export", "--url", ingested, "--agent", "copy")
     assert code == 0, err
     assert second == first.read_text(encoding="utf-8")  # byte for byte, times and key order included
     lines = [json.loads(line) for line in second.splitlines()]
-    assert lines[0]["message"] == {"role": "user", "content": SECRET} and lines[0]["platform"] == "cli"
-    assert [line["seq"] for line in lines] == list(range(1, len(lines) + 1))
+    # The session's system prompt leads, marked as such, then every message in order.
+    assert lines[0]["system_prompt"] is True and lines[0]["seq"] == 1
+    assert lines[0]["message"] == transcript()[0]
+    assert [line["message"] for line in lines] == transcript()
+    assert lines[1]["message"] == {"role": "user", "content": SECRET} and lines[1]["platform"] == "cli"
+    assert [line["seq"] for line in lines[1:]] == list(range(1, len(lines)))
+
+
+def test_every_system_prompt_version_is_exported_where_it_started_and_round_trips(lcm, db_url, tmp_path):
+    """A host that changed its system prompt mid-session: each version comes back right before
+    the first message it was sent with, and export → ingest → export is identical."""
+    from lcm.config import LcmConfig
+    from lcm.engine import LcmEngine
+
+    Store.open(db_url, upgrade=True)
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=db_url, agent_id="live"))
+    engine.update_model("m", 100_000)
+    engine.on_session_start("chat")
+    v1, v2 = {"role": "system", "content": "version one"}, {"role": "system", "content": "version two"}
+    turn1 = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "first answer"}]
+    turn2 = [{"role": "user", "content": "second question"}, {"role": "assistant", "content": "second answer"}]
+    engine.compress([v1, *turn1])
+    engine.compress([v2, *turn1, *turn2])
+    first = tmp_path / "live.jsonl"
+    code, out, err = lcm("export", "--url", db_url, "--agent", "live", "-o", str(first))
+    assert code == 0 and "exported 4 message(s) and 2 system prompt version(s)" in out, err
+    lines = [json.loads(line) for line in first.read_text(encoding="utf-8").splitlines()]
+    assert [line["message"] for line in lines] == [v1, *turn1, v2, *turn2]
+    assert [line.get("system_prompt", False) for line in lines] == [True, False, False, True, False, False]
+    assert [line["seq"] for line in lines] == [1, 1, 2, 3, 3, 4]
+    run_json(lcm, "ingest", str(first), "--url", db_url, "--agent", "copy")
+    code, second, err = lcm("export", "--url", db_url, "--agent", "copy")
+    assert code == 0 and second == first.read_text(encoding="utf-8"), err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"session_id": "x", "system_prompt": True, "message": turn1[0]}) + "\n",
+                   encoding="utf-8")
+    code, _, err = lcm("ingest", str(bad), "--url", db_url, "--agent", "copy")
+    assert code == 1 and "must hold a system message" in err
 
 
 def test_ingest_continues_a_grown_transcript_and_refuses_a_different_one(lcm, ingested, tmp_path):
@@ -165,7 +203,7 @@ def test_ingest_reads_stdin_and_drops_lcm_summaries(db_url, tmp_path):
     proc = subprocess_lcm("ingest", "-", "--url", db_url, "--session", "piped", "--json", stdin=json.dumps(body))
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)["sessions"][0]
-    assert row["added"] == 2 and row["not_stored"] == 2
+    assert row["added"] == 2 and row["not_stored"] == 1 and row["system_prompts_kept"] == 1
 
 
 def test_plain_messages_need_a_session(lcm, db_url, chat_file):

@@ -17,9 +17,11 @@ from sqlalchemy import text
 from alembic import command
 from lcm.errors import DatabaseUnavailableError, SchemaMismatchError
 from lcm.messages import chain_identity, encode_message
+from lcm.prepare import prepare_system_prompt
 from lcm.store import Store, migrations
 from lcm.store import connection as db
 from lcm.textindex import index_body
+from lcm.tokens import TokenCounter
 from tests.conftest import REPO_ROOT
 from tests.support.storing import append_messages
 
@@ -118,8 +120,19 @@ def write_at_0004(conn) -> None:
     recompute_message_identities(conn, reindex=reindex)
 
 
+GENERATED_DIGEST = "d" * 64
+
+
+def write_at_0005(conn) -> None:
+    """0005 adds forks, problems and generated digests: lcm at 0005 remembered what it generated."""
+    write_at_0004(conn)
+    conn.execute(text("INSERT INTO lcm_generated (agent_id, digest, stands_for, created_at) "
+                      "VALUES (1, :d, NULL, 1600000000.0)"), {"d": GENERATED_DIGEST})
+
+
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
-           "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004}
+           "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
+           "0005_writers_and_forks": write_at_0005}
 
 
 def verify_old_data(store: Store) -> None:
@@ -137,6 +150,13 @@ def verify_old_data(store: Store) -> None:
     # 0005: the old session is no fork, has skipped nothing, and its rows carry no problem.
     assert session.parent_id is None and session.fork_seq is None and session.skipped_count == 0
     assert all(not m.problem for m in store.messages.get_range(session.id))
+    # 0006: no system prompt was ever kept; the old session keeps versions from now on, once each.
+    assert store.sessions.system_prompts(session.id) == []
+    prompt = prepare_system_prompt(OLD_MESSAGES[0], TokenCounter())
+    assert store.sessions.keep_system_prompt(session.id, prompt, first_seq=session.last_seq + 1)
+    assert not store.sessions.keep_system_prompt(session.id, prompt, first_seq=session.last_seq + 5)
+    [kept] = store.sessions.system_prompts(session.id)
+    assert kept.message == OLD_MESSAGES[0] and kept.first_seq == session.last_seq + 1
     bad = [c for c in store.health.checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad
@@ -163,7 +183,10 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
         WRITERS[revision](conn)
     engine.dispose()
     migrations.upgrade(url, "head")
-    verify_old_data(Store.open(db_url))
+    store = Store.open(db_url)
+    verify_old_data(store)
+    if revision == "0005_writers_and_forks":
+        assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
 
 
 def test_empty_to_head_then_base_then_head(db_url):

@@ -61,6 +61,37 @@ def test_every_entry_point_stores_exactly_once(make_engine):
     assert stored(fresh) == msgs[1:] + turn(2) + turn(3)
 
 
+def test_the_system_prompt_is_kept_once_per_version_and_never_as_a_message(make_engine):
+    engine = make_engine(context_length=100_000)
+    engine.on_session_start("s")
+    first = {"role": "system", "content": "You are terse. Codeword QUOKKA.", "_db_persisted": True}
+    second = {"role": "system", "content": "You are verbose now. Codeword WALLABY."}
+    engine.compress([first, *turn(0)])
+    engine.on_turn_complete([dict(first), *turn(0), *turn(1)])  # an equal copy: nothing new
+    engine.compress([second, *turn(0), *turn(1), *turn(2)])
+    engine.compress([first, *turn(0), *turn(1), *turn(2)])  # an old version again: still once
+    assert stored(engine) == turn(0) + turn(1) + turn(2)  # conversation only
+    versions = engine.store.sessions.system_prompts(engine.session.id)
+    assert [v.message for v in versions] == [{"role": "system", "content": first["content"]}, second]
+    assert [v.first_seq for v in versions] == [1, 1 + 2 * len(turn(0))]
+    assert len({v.digest for v in versions}) == 2 and all(v.token_count > 5 for v in versions)
+    grep = json.loads(engine.handle_tool_call("lcm_grep", {"query": "QUOKKA"}))
+    assert not grep["results"]  # not searched, while the conversation is
+    assert json.loads(engine.handle_tool_call("lcm_grep", {"query": "fact1"}))["results"]
+    page = json.loads(engine.handle_tool_call("lcm_load_session", {
+        "session_id": "s", "include_system_prompt": True, "max_content_chars": 12}))
+    assert [p["first_seq"] for p in page["system_prompts"]] == [v.first_seq for v in versions]
+    assert page["system_prompts"][1]["message"]["content"] == second["content"][:12]
+    assert "system_prompts" not in json.loads(engine.handle_tool_call("lcm_load_session", {"session_id": "s"}))
+    status = json.loads(engine.handle_tool_call("lcm_status", {}))
+    assert status["system_prompt"] == {"digest": versions[-1].digest, "token_count": versions[-1].token_count,
+                                       "first_seq": versions[-1].first_seq, "versions": 2}
+    other = make_engine(context_length=100_000)  # another process: the store already has it
+    other.on_session_start("s")
+    other.compress([second, *turn(0), *turn(1), *turn(2), *turn(3)])
+    assert len(other.store.sessions.system_prompts(other.session.id)) == 2
+
+
 def test_repeated_content_is_kept_and_uids_are_identities(make_engine):
     engine = make_engine(context_length=100_000)
     engine.on_session_start("s")

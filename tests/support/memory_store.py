@@ -25,7 +25,14 @@ from typing import Any
 from lcm import codec
 from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError, StaleViewError
 from lcm.messages import decode_message
-from lcm.prepare import PreparedMessage, chain_identities, decompress_payload, first_of_each, row_time
+from lcm.prepare import (
+    PreparedMessage,
+    PreparedSystemPrompt,
+    chain_identities,
+    decompress_payload,
+    first_of_each,
+    row_time,
+)
 from lcm.records import (
     AppendResult,
     CheckResult,
@@ -38,6 +45,7 @@ from lcm.records import (
     SearchResult,
     SessionRecord,
     SummaryRecord,
+    SystemPromptRecord,
     WrittenSummary,
 )
 from lcm.textindex import Term, make_snippet, parse_query, tokenize
@@ -81,6 +89,7 @@ class _Data:
     covered_by: dict[int, int] = field(default_factory=dict)  # message store id -> leaf id
     carried: dict[int, list[int]] = field(default_factory=dict)
     generated: dict[tuple[int, str], str | None] = field(default_factory=dict)
+    system_prompts: dict[int, list[SystemPromptRecord]] = field(default_factory=dict)
 
     def agent(self, name: str, *, create: bool) -> int | None:
         if name not in self.agents and create:
@@ -277,6 +286,23 @@ class MemorySessions(_Part):
         with self._data.lock:
             if count > 0:
                 self._data.update(session_pk, skipped_count=self._data.session(session_pk).skipped_count + count)
+
+    def keep_system_prompt(self, session_pk: int, prompt: PreparedSystemPrompt, *, first_seq: int,
+                           at: float | None = None) -> bool:
+        with self._data.lock:
+            self._data.session(session_pk)
+            versions = self._data.system_prompts.setdefault(session_pk, [])
+            if any(v.digest == prompt.digest for v in versions):
+                return False
+            versions.append(SystemPromptRecord(
+                id=next(self._data.ids), session_pk=session_pk, digest=prompt.digest,
+                message=codec.decode_json(prompt.text), token_count=prompt.token_count,
+                first_seq=first_seq, created_at=time.time() if at is None else float(at)))
+            return True
+
+    def system_prompts(self, session_pk: int) -> list[SystemPromptRecord]:
+        with self._data.lock:
+            return sorted(self._data.system_prompts.get(session_pk, []), key=lambda v: (v.first_seq, v.id))
 
     def set_host_view(self, session_pk: int, first_seq: int, *,
                       outcome: Mapping[str, Any] | None = None) -> SessionRecord:
