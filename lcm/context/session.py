@@ -352,24 +352,33 @@ class ContextSession:
         self._keep_system(result)
         return result
 
+    def keep_system_prompt(self, system: Mapping[str, Any]) -> None:
+        """The host's system prompt, sent apart from its transcript (Hermes builds each
+        request's system message itself and hands ``compress()`` the conversation only): kept
+        as the version in force from the next message stored on."""
+        session = self.session
+        self._keep(session.id, system, lambda: self.store.sessions.get(session.id).last_seq + 1)
+
     def _keep_system(self, result: IngestResult) -> None:
-        """Keep the transcript's leading system prompt when this session has not seen this
-        version: compared with the last one seen first (most turns send the same prompt), so
-        the digest is computed, and the store asked, only when it changed."""
-        system, session = result.system, result.session
-        if system is None:
-            return
+        """The transcript's leading system prompt, in force from the first message it came with."""
+        if result.system is not None:
+            session = result.session
+            self._keep(session.id, result.system, lambda: session.last_seq - result.added + 1)
+
+    def _keep(self, session_pk: int, system: Mapping[str, Any], first_seq: Callable[[], int]) -> None:
+        """Keep a system prompt when this session has not seen this version: compared with the
+        last one seen first (most turns send the same prompt), so the digest is computed, and
+        the store asked, only when it changed."""
         held = self._system_held
-        if held is not None and held[0] == session.id and held[1] == system:
+        if held is not None and held[0] == session_pk and held[1] == system:
             return
         try:
             prompt = prepare_system_prompt(system, self.tokens)
         except (ValueError, InvalidMessageError) as exc:  # not storable: the turn goes on
             log.warning("lcm: the system prompt cannot be stored: %s", exc)
             return
-        first_seq = session.last_seq - result.added + 1  # the first message it came with
-        self.store.sessions.keep_system_prompt(session.id, prompt, first_seq=first_seq)
-        self._system_held = (session.id, copy.deepcopy(dict(system)))
+        self.store.sessions.keep_system_prompt(session_pk, prompt, first_seq=first_seq())
+        self._system_held = (session_pk, copy.deepcopy(dict(system)))
 
     def observe_response(self, usage: Mapping[str, Any]) -> None:
         """The host's model answered: its token counts and cache counters, and the time (the

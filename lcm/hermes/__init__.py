@@ -32,10 +32,13 @@ def build_engine(ctx: Any = None) -> LcmEngine:
     ``.env`` by then), the database in the Hermes home unless ``LCM_DATABASE_URL`` says
     otherwise, the agent scope from the profile. No I/O here. (The engine module is imported
     here, not at the top, so that ``lcm hermes install`` does not load the whole engine.)"""
+    from lcm.hermes import hooks
     from lcm.hermes.engine import LcmEngine
 
     home = hermes_home()
     kwargs: dict[str, Any] = {"inside_hermes": True}
     if home is not None:
         kwargs["hermes_home"] = str(home)
+    if ctx is not None:
+        hooks.register(ctx)  # the system prompt reaches lcm through pre_api_request
     return LcmEngine(**kwargs)

@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +28,7 @@ from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
 from lcm.context.summarize import Summarizer
 from lcm.errors import DatabaseUnavailableError, InvalidMessageError
+from lcm.hermes import hooks
 from lcm.hermes.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.hermes.routes import HermesAuxiliaryRoute
 from lcm.records import SessionRecord
@@ -81,6 +82,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         self.protect_first_n = 0
         self.protect_last_n = config.fresh_tail_count
         self._lock = threading.RLock()
+        self._host_session: str | None = None  # the host's id of the bound session
 
     # ------------------------------------------------------------------ identity & copies
 
@@ -109,6 +111,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         clone = copy.copy(self)
         clone.context = self.context.clone(open_store=clone._open_store)  # the copy's own Hermes home
         clone._lock = threading.RLock()
+        clone._host_session = None
         return clone
 
     def clone_for_agent(self) -> LcmEngine:
@@ -179,6 +182,8 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
 
     def _start(self, session_id: str, kwargs: Mapping[str, Any]) -> SessionRecord:
         self._adopt_home(kwargs)
+        self._host_session = str(session_id)
+        hooks.track(self)
         if kwargs.get("context_length") and not self.context_length:
             self.update_model(kwargs.get("model") or self.model or "", int(kwargs["context_length"]))
         continues = kwargs.get("old_session_id") if kwargs.get("boundary_reason") == "compression" else None
@@ -208,6 +213,16 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         if usage:
             self.update_from_response(dict(usage))
         self._guarded("on_turn_complete", lambda: self.context.ingest(messages), None)
+
+    def observe_request(self, session_id: str, messages: Sequence[Any]) -> None:
+        """A request the host is about to send (Hermes' ``pre_api_request`` hook, see
+        ``lcm.hermes.hooks``): when it is for this engine's session and starts with a system
+        message, that system prompt is kept (once per version)."""
+        if not messages or session_id != self._host_session:
+            return
+        first = messages[0]
+        if isinstance(first, Mapping) and first.get("role") == "system":
+            self._guarded("observe_request", lambda: self.context.keep_system_prompt(first), None)
 
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: str = "",
                      provider: str = "", api_mode: str = "", **kwargs: Any) -> None:

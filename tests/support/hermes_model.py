@@ -5,10 +5,13 @@
 * a user turn ``RECALL <words>`` makes the model call ``lcm_grep`` for the words, then
   ``lcm_expand`` on the first raw message hit, then answer with the expanded text — a real
   round trip through Hermes' tool dispatch into lcm;
+* a user turn ``STATUS`` makes the model call ``lcm_status`` and answer ``STATUS OK``;
 * any other turn gets a one-line acknowledgement.
 
-Usage is reported the way a provider would: prompt tokens estimated from the request (messages
-and tool schemas), so Hermes' own pressure checks see realistic numbers.
+Usage is reported the way a caching provider would: prompt tokens estimated from the request
+(messages and tool schemas), so Hermes' own pressure checks see realistic numbers, and
+``prompt_tokens_details.cached_tokens``: the tools and the part of the messages that repeat the
+previous turn request's (a provider's prefix cache; no expiry).
 """
 
 from __future__ import annotations
@@ -33,6 +36,21 @@ def _json(text: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def wired(body: dict[str, Any]) -> list[str]:
+    """A request's messages as the provider's cache compares them: each serialized, in order."""
+    return [json.dumps(m, ensure_ascii=False, sort_keys=True) for m in body.get("messages") or []]
+
+
+def repeated_chars(previous: list[str], current: list[str]) -> int:
+    """Characters at the start of ``current`` that repeat the start of ``previous``."""
+    chars = 0
+    for a, b in zip(previous, current, strict=False):
+        if a != b:
+            return chars + next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        chars += len(a)
+    return chars
+
+
 def prompt_tokens(body: dict[str, Any]) -> int:
     """A provider-like count of the request (about four characters a token)."""
     size = len(json.dumps(body.get("messages") or [], ensure_ascii=False))
@@ -45,6 +63,7 @@ class HermesModel:
     server: ScriptedLLM = field(default_factory=ScriptedLLM)
     calls: int = 0
     replies: list[dict[str, Any]] = field(default_factory=list)  # every assistant message sent to Hermes
+    previous_turn: list[str] = field(default_factory=list)  # the last turn request, as the cache saw it
 
     def __post_init__(self) -> None:
         self.server.handler = self.answer
@@ -81,7 +100,13 @@ class HermesModel:
 
     def _answer(self, body: dict[str, Any]) -> Reply:
         kind = self.kind(body)
-        usage = {"prompt_tokens": prompt_tokens(body), "completion_tokens": 12}
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens(body), "completion_tokens": 12}
+        if kind == "turn":
+            current = wired(body)
+            repeated = repeated_chars(self.previous_turn, current)
+            tools = len(json.dumps(body.get("tools") or [], ensure_ascii=False))
+            usage["prompt_tokens_details"] = {"cached_tokens": (tools + repeated) // 4 if repeated else 0}
+            self.previous_turn = current
         if kind == "summary":
             source = body["messages"][-1]["content"]
             ids = re.findall(r"\[#(\d+)", source)
@@ -95,6 +120,8 @@ class HermesModel:
         self.calls += 1
         if last.get("role") == "tool":
             result = _json(last.get("content"))
+            if "cache" in result and "threshold_tokens" in result:  # lcm_status answered
+                return completion("STATUS OK", **usage)
             if "results" in result:  # lcm_grep answered: open the newest raw message hit that is
                 # not the user's recall request itself (which contains the same words)
                 hits = [h for h in result["results"] if h.get("type") == "message"
@@ -115,6 +142,8 @@ class HermesModel:
                 return completion(f"RECALLED store_id={store_id}: {''.join(pages)}", **usage)
             return completion(f"TOOL ERROR: {result.get('error', 'unexpected tool result')}", **usage)
         text = last.get("content") if isinstance(last.get("content"), str) else ""
+        if text == "STATUS":
+            return completion(None, tool_calls=[tool_call("lcm_status", {}, f"call_status_{self.calls}")], **usage)
         if text.startswith("RECALL "):
             return completion(None, tool_calls=[tool_call(
                 "lcm_grep", {"query": text[len("RECALL "):].strip()}, f"call_grep_{self.calls}")], **usage)

@@ -26,7 +26,8 @@ class Reply:
 
 
 def completion(text: str | None, *, tool_calls: list[dict] | None = None, model: str = "scripted",
-               prompt_tokens: int = 0, completion_tokens: int = 0) -> Reply:
+               prompt_tokens: int = 0, completion_tokens: int = 0,
+               prompt_tokens_details: dict[str, int] | None = None) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message["tool_calls"] = tool_calls
@@ -36,7 +37,8 @@ def completion(text: str | None, *, tool_calls: list[dict] | None = None, model:
         "choices": [{"index": 0, "message": message,
                      "finish_reason": "tool_calls" if tool_calls else "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+                  "total_tokens": prompt_tokens + completion_tokens,
+                  **({"prompt_tokens_details": prompt_tokens_details} if prompt_tokens_details else {})},
     })
 
 

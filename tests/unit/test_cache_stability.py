@@ -244,3 +244,35 @@ def test_no_cache_counter_reported_means_no_share_claimed():
     engine.update_from_response({})  # a response without usage
     cache = engine.get_status()["cache"]
     assert cache["requests"] == 1 and cache["cache_read_share"] is None
+
+
+def test_a_system_prompt_sent_apart_from_the_transcript_is_kept_by_its_sessions_engine_only():
+    """Hermes builds each request's system message itself and hands compress() the
+    conversation only: lcm hears the system prompt through Hermes' pre_api_request hook, and
+    only the engine bound to that request's session keeps it (once per version)."""
+    import copy
+
+    from lcm.hermes import hooks
+
+    a, b = make(), make()
+    a.on_session_start("a")
+    b.on_session_start("b")
+    twin = copy.deepcopy(a)  # another agent's copy, on the same store, bound to its own session
+    twin.on_session_start("twin")
+    conversation = turn(0)
+    hooks.pre_api_request(session_id="a", request_messages=[SYSTEM, *conversation], api_call_count=1)
+    hooks.pre_api_request(session_id="a", request_messages="not a list")
+    hooks.pre_api_request(request_messages=[SYSTEM])  # no session: nobody's
+    [kept] = a.store.sessions.system_prompts(a.session.id)
+    assert kept.message == SYSTEM and kept.first_seq == 1
+    assert b.store.sessions.system_prompts(b.session.id) == []
+    assert twin.store is a.store and twin.store.sessions.system_prompts(twin.session.id) == []
+    a.compress(conversation)  # Hermes' transcript: no system message in it
+    stored = a.store.messages.get_range(a.session.id)
+    assert [r.message for r in stored] == conversation
+    hooks.pre_api_request(session_id="a", request_messages=[SYSTEM, *conversation])  # same version
+    newer = {"role": "system", "content": SYSTEM["content"] + " Also: be brief."}
+    hooks.pre_api_request(session_id="a", request_messages=[newer, *conversation])
+    versions = a.store.sessions.system_prompts(a.session.id)
+    assert [v.message for v in versions] == [SYSTEM, newer]
+    assert versions[1].first_seq == stored[-1].seq + 1  # in force from the next message on
