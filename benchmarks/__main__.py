@@ -1,9 +1,10 @@
 """``python -m benchmarks``: every benchmark, both backends, one run, printed as tables.
 
-    python -m benchmarks                  # default sizes (about 10 minutes on 2 cores)
+    python -m benchmarks                  # default sizes (about 15 minutes on 2 cores)
     python -m benchmarks --large          # adds search at 1M messages and start-up on a 1 GB store
     python -m benchmarks --large-only     # only those two (skips the default sizes)
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
+    python -m benchmarks --only cache     # prompt-cache cost against Hermes' compressor (Hermes venv)
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -39,6 +40,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "turn_overhead": [{"size": 1_000}],
         "compaction": [{"messages": 2_000}],
         "startup": [{"target_mb": 5}],
+        "cache": [{"turns": 30, "windows": [64_000], "sweep": [0.4]}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -47,16 +49,33 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "turn_overhead": [{"size": 1_000}, {"size": 10_000}, {"size": 100_000}],
         "compaction": [{"messages": 20_000}],
         "startup": [{"target_mb": 100}],
+        "cache": [{"turns": 400}],
     },
 }
+#: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in
+#: the Hermes test venv, built on first use (tests/support/hermes_host.py).
+HERMES_PHASES = frozenset({"cache"})
 LARGE_EXTRA = {"search": [{"messages": 1_000_000, "sessions": 200, "runs": 40}],
                "startup": [{"target_mb": 1_024}]}
+
+
+def worker_python(phase: str) -> str:
+    """The interpreter a phase runs in: this one, or the Hermes venv for a Hermes phase."""
+    if phase not in HERMES_PHASES:
+        return sys.executable
+    from tests.support.hermes_host import ensure_venv
+
+    console.print("[dim]finding (or building) the hermes-agent venv ...[/]")
+    venv, why = ensure_venv()
+    if venv is None:
+        raise SystemExit(f"the {phase} phase needs hermes-agent: {why}")
+    return str(venv / "bin" / "python")
 
 
 def run_worker(phase: str, backend: str, params: dict[str, Any]) -> dict[str, Any]:
     label = f"{phase} {backend} {json.dumps(params)}"
     console.print(f"[dim]running {label} ...[/]")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.worker", phase, backend, json.dumps(params)],
+    done = subprocess.run([worker_python(phase), "-m", "benchmarks.worker", phase, backend, json.dumps(params)],
                           capture_output=True, text=True, timeout=6 * 3600)
     if done.returncode != 0:
         raise SystemExit(f"benchmark {label} failed:\n{done.stderr[-3000:]}")

@@ -101,8 +101,58 @@ def startup(results: list[dict[str, Any]]) -> list[TableSpec]:
     return [spec]
 
 
+def cache(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """lcm and Hermes' compressor side by side, per window and variant (idle gaps or not)."""
+    specs = []
+    for r in results:
+        spec = TableSpec(
+            f"prompt-cache cost, lcm against Hermes' ContextCompressor, {r['backend']}, "
+            f"{r['rows'][0]['turns'] if r['rows'] else 0} turns (same transcript, same host loop, same run)",
+            ["window", "gaps", "engine", "repeated prefix", "busted", "bursts", "turns/burst",
+             "summarizer calls/100 turns", "summarizer input/100 turns", "largest prompt", "mean prompt",
+             "cost (M token-eq)", "cost ratio", "recoverable"],
+            left=frozenset({"window", "gaps", "engine"}),
+            notes=["cost: cache-priced input, a prefix repeated within the cache TTL (300 s) at 0.1, the rest and "
+                   "every summarizer input token at 1; 'gaps': a pause longer than the TTL before every 10th turn; "
+                   "goals: cost ratio <= 1.2 (64k) and <= 1.0 (200k), repeated prefix >= 88% (64k), at most one "
+                   "burst per 4 turns, largest prompt < 100% of the window, every message recoverable"])
+        for row in r["rows"]:
+            for engine in ("lcm", "hermes"):
+                e = row[engine]
+                tpb = e["turns_per_burst"]
+                spec.rows.append([
+                    f"{row['window'] // 1000}k", "idle" if row["idle"] else "-", engine,
+                    _pct(e["repeated_share"]), str(e["busted"]), str(e["bursts"]), f(tpb, 1),
+                    f(e["summarizer_calls_per_100"], 1), f(e["summarizer_input_per_100"], 0),
+                    _pct(e["largest_prompt_share"]), f(e["mean_prompt_tokens"], 0), f(e["cost"] / 1e6, 2),
+                    f"{row['cost_ratio']:.3f}" if engine == "lcm" else "1", _pct(e["recoverable_share"])])
+        exact = all(row["lcm"]["stored_exactly"] for row in r["rows"])
+        spec.notes.append(f"lcm stored every message byte-exact: {'yes' if exact else 'NO'}; cache-read share lcm "
+                          "computed from the usage it was sent: "
+                          + ", ".join(f"{row['window'] // 1000}k{' idle' if row['idle'] else ''} "
+                                      f"{_pct(row['lcm']['reported_cache_read_share'])}" for row in r["rows"]))
+        specs.append(spec)
+        sweep = TableSpec(f"compaction target sweep, {r['backend']}: lcm at each LCM_COMPACTION_TARGET against the "
+                          "same Hermes run (no idle gaps)",
+                          ["window", "target", "cost ratio", "repeated prefix", "busted", "turns/burst",
+                           "summarizer input/100 turns", "mean prompt", "largest prompt"],
+                          left=frozenset({"window"}),
+                          notes=["a lower target makes every request smaller and bursts rarer; a higher one keeps "
+                                 "more verbatim text in the prompt"])
+        for row in r["rows"]:
+            for s in row.get("sweep", []):
+                sweep.rows.append([f"{row['window'] // 1000}k", f"{s['target']:.2f}", f"{s['cost_ratio']:.3f}",
+                                   _pct(s["repeated_share"]), str(s["busted"]), f(s["turns_per_burst"], 1),
+                                   f(s["summarizer_input_per_100"], 0), f(s["mean_prompt_tokens"], 0),
+                                   _pct(s["largest_prompt_share"])])
+        if sweep.rows:
+            specs.append(sweep)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
-    "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup}
+    "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
+    "cache": cache}
 
 
 def markdown(spec: TableSpec) -> str:

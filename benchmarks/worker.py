@@ -8,23 +8,27 @@ cold and its peak memory is its own.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
 
-from benchmarks import compaction, ingest, search, startup, turn_overhead
 from benchmarks.common import backend_url, peak_rss_mb
 
-PHASES = {"ingest": ingest.run, "search": search.run, "turn_overhead": turn_overhead.run,
-          "compaction": compaction.run, "startup": startup.run}
+#: Phase name -> the module whose ``run(backend, url, **params)`` measures it. Imported on
+#: demand: the cache phase runs in the Hermes venv, which has no use for the others.
+PHASES = ("ingest", "search", "turn_overhead", "compaction", "startup", "cache")
 
 
 def main() -> None:
     phase, backend, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if phase not in PHASES:
+        raise SystemExit(f"unknown phase {phase!r}: one of {', '.join(PHASES)}")
+    run = importlib.import_module(f"benchmarks.{phase}").run
     url, cleanup = backend_url(backend)
     started = time.perf_counter()
     try:
-        result = PHASES[phase](backend, url, **params)
+        result = run(backend, url, **params)
     finally:
         cleanup()
     result.update({"phase": phase, "backend": backend, "params": params,

@@ -24,11 +24,12 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up"):
+    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
+                  "prompt-cache cost"):
         assert title in done.stdout, title
     results = json.loads(out.read_text())["results"]
     backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
-    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup"):
+    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache"):
         assert {r["backend"] for r in results[phase]} == backends, phase
         assert all(r["peak_rss_mb"] > 0 for r in results[phase])
     for r in results["search"]:
@@ -39,12 +40,22 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert r["compacted"] > 0.9 * r["messages"] and r["depths"].get("d0")
     for r in results["startup"]:
         assert r["messages"] > 0 and r["first_turn_s"] > 0
+    for r in results["cache"]:  # lcm and Hermes' compressor on one transcript, with and without idle gaps
+        assert [(row["window"], row["idle"]) for row in r["rows"]] == [(64_000, False), (64_000, True)]
+        for row in r["rows"]:
+            lcm, hermes = row["lcm"], row["hermes"]
+            assert lcm["stored_exactly"] and lcm["recoverable_share"] == 1.0
+            assert lcm["bursts"] >= 1 and hermes["bursts"] >= 1  # both engines compacted
+            assert lcm["largest_prompt_share"] < 1.0 and hermes["largest_prompt_share"] < 1.0
+            assert 0 < lcm["repeated_share"] < 1 and row["cost_ratio"] > 0
+            assert lcm["reported_cache_read_share"] > 0  # lcm read the cache counters of the usage
 
     # The same results as Markdown (how docs/benchmarks.md gets its tables).
     report = subprocess.run([sys.executable, "-m", "benchmarks.report", str(out)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
-    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up"):
+    for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
+                  "prompt-cache cost"):
         assert f"**{title}" in report.stdout, title
     rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert sum(line.startswith(f"| {b} |") for line in rows for b in backends) >= 4 * len(backends)
