@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -214,15 +214,12 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
             self.update_from_response(dict(usage))
         self._guarded("on_turn_complete", lambda: self.context.ingest(messages), None)
 
-    def observe_request(self, session_id: str, messages: Sequence[Any]) -> None:
-        """A request the host is about to send (Hermes' ``pre_api_request`` hook, see
-        ``lcm.hermes.hooks``): when it is for this engine's session and starts with a system
-        message, that system prompt is kept (once per version)."""
-        if not messages or session_id != self._host_session:
-            return
-        first = messages[0]
-        if isinstance(first, Mapping) and first.get("role") == "system":
-            self._guarded("observe_request", lambda: self.context.keep_system_prompt(first), None)
+    def observe_request(self, session_id: str, system: Mapping[str, Any]) -> None:
+        """The system message of a request the host is about to send (Hermes'
+        ``pre_api_request`` hook, see ``lcm.hermes.hooks``): kept (once per version) when the
+        request is for this engine's session."""
+        if session_id == self._host_session:
+            self._guarded("observe_request", lambda: self.context.keep_system_prompt(system), None)
 
     def update_model(self, model: str, context_length: int, base_url: str = "", api_key: str = "",
                      provider: str = "", api_mode: str = "", **kwargs: Any) -> None:

@@ -24,14 +24,32 @@ def track(engine: LcmEngine) -> None:
     _LIVE.add(engine)
 
 
-def pre_api_request(**kwargs: Any) -> None:
-    """Hermes' hook (keyword arguments only; ``session_id`` and ``request_messages`` used)."""
-    session_id = str(kwargs.get("session_id") or "")
+def system_message(kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The request's system prompt as a system message: the first of its messages (chat
+    completions), else the request body's ``system`` (Anthropic's Messages API) or
+    ``instructions`` (OpenAI's Responses API), as Hermes hands them to the hook."""
     messages = kwargs.get("request_messages")
-    if not session_id or not isinstance(messages, list) or not messages or not isinstance(messages[0], Mapping):
+    if isinstance(messages, list) and messages and isinstance(messages[0], Mapping) \
+            and messages[0].get("role") == "system":
+        return messages[0]
+    request = kwargs.get("request")
+    body = request.get("body") if isinstance(request, Mapping) else None
+    if isinstance(body, Mapping):
+        for key in ("system", "instructions"):
+            value = body.get(key)
+            if isinstance(value, str | list) and value:
+                return {"role": "system", "content": value}
+    return None
+
+
+def pre_api_request(**kwargs: Any) -> None:
+    """Hermes' hook (keyword arguments only): the system prompt of a request for a session."""
+    session_id = str(kwargs.get("session_id") or "")
+    system = system_message(kwargs) if session_id else None
+    if system is None:
         return
     for engine in list(_LIVE):
-        engine.observe_request(session_id, messages)
+        engine.observe_request(session_id, system)
 
 
 def register(ctx: Any) -> None:

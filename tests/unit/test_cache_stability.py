@@ -276,3 +276,12 @@ def test_a_system_prompt_sent_apart_from_the_transcript_is_kept_by_its_sessions_
     versions = a.store.sessions.system_prompts(a.session.id)
     assert [v.message for v in versions] == [SYSTEM, newer]
     assert versions[1].first_seq == stored[-1].seq + 1  # in force from the next message on
+    # Anthropic's Messages API and OpenAI's Responses API carry it beside the messages.
+    blocks = [{"type": "text", "text": "You are Hermes, in Anthropic mode."}]
+    hooks.pre_api_request(session_id="b", request_messages=conversation,
+                          request={"method": "POST", "body": {"system": blocks, "messages": conversation}})
+    hooks.pre_api_request(session_id="b", request_messages=conversation,
+                          request={"method": "POST", "body": {"instructions": "Responses mode.", "input": []}})
+    hooks.pre_api_request(session_id="b", request_messages=conversation, request={"body": {"system": ""}})
+    assert [v.message for v in b.store.sessions.system_prompts(b.session.id)] == [
+        {"role": "system", "content": blocks}, {"role": "system", "content": "Responses mode."}]
