@@ -13,6 +13,9 @@ from typing import Any, Literal
 CheckStatus = Literal["ok", "warn", "fail"]
 SortMode = Literal["recency", "relevance", "hybrid"]
 SORT_MODES: tuple[SortMode, ...] = ("recency", "relevance", "hybrid")
+MatchKind = Literal["all", "any", "semantic"]
+SearchMode = Literal["full_text", "semantic", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("full_text", "semantic", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,8 @@ class SearchHit:
     score: float | None = None  # higher is better; only for relevance/hybrid sorts
     role: str | None = None
     depth: int | None = None
+    #: How it matched: every word of the query ("all"), or some of its content words ("any").
+    match: MatchKind = "all"
 
 
 @dataclass(frozen=True, slots=True)

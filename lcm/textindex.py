@@ -25,6 +25,11 @@ Query language (:func:`parse_query`), the same on both backends, and never a syn
   * ``a OR b``: either (binds tighter than the implicit AND);
   * ``-word`` / ``-"phrase"``: must not occur (ignored when nothing positive is left).
 Any other character (``NEAR``, ``:``, ``^``, parentheses, lone operators) is ordinary text.
+
+Any-word form (:func:`any_words`): the same query with its stop words (:data:`STOP_WORDS`)
+dropped and every remaining term OR'ed. A question asked in plain words ("which port did we
+move the staging database to?") almost never has all its words in one message; its content
+words, ranked by BM25, find it. Search runs it after the all-words query, for what that left.
 """
 
 from __future__ import annotations
@@ -176,6 +181,21 @@ class Query:
         return [t for g in self.groups for t in g]
 
 
+#: Words that carry no topic in an English question: dropped from the any-word form of a query
+#: (a quoted phrase keeps them). Pronouns, articles, auxiliaries, question words, prepositions
+#: and conjunctions, and the verbs people wrap a request in ("tell me", "show", "find").
+STOP_WORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing done down during each else ever few for
+from further get got had has have having he her here hers herself him himself his how i if in into
+is it its itself just let me might mine more most much must my myself no nor not now of off on
+once only or other our ours ourselves out over own please same shall she should so some such than
+that the their theirs them themselves then there these they this those through to too under until
+up us very was we were what whatever when where whether which while who whom whose why will with
+would yes yet you your yours yourself yourselves
+find tell show give know remember recall said say mentioned earlier previously last time ago
+""".split())
+
 _QUERY_CHUNK = re.compile(r'(-?)"([^"]*)"?(\*?)|(\S+)')
 
 
@@ -231,6 +251,22 @@ def parse_query(text: object) -> Query:
     return Query(
         groups=tuple(tuple(g) for g in groups), negatives=tuple(negatives), notes=tuple(notes)
     )
+
+
+def is_stop_word(term: Term) -> bool:
+    return len(term.tokens) == 1 and not term.prefix and term.tokens[0] in STOP_WORDS
+
+
+def any_words(query: Query) -> Query | None:
+    """The any-word form of ``query`` (see the module docstring): one OR group of its distinct
+    content terms, phrases, prefixes and code-like terms kept whole, the same negatives. None
+    when it would find nothing the query itself does not (one group, or no content word)."""
+    if len(query.groups) < 2:
+        return None
+    terms = tuple(dict.fromkeys(t for t in query.positive_terms() if not is_stop_word(t)))
+    if not terms:
+        return None
+    return Query(groups=(terms,), negatives=query.negatives, notes=query.notes)
 
 
 # --------------------------------------------------------------------------- snippets

@@ -106,10 +106,11 @@ class SummaryPort(Protocol):
 class SearchPort(Protocol):
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
-                 time_to: float | None = None, sort: SortMode = "recency", limit: int = 10) -> SearchResult: ...
+                 time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
+                 any_words: bool = False) -> SearchResult: ...
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None,
-                  time_to: float | None = None) -> SearchResult: ...
+                  time_to: float | None = None, any_words: bool = False) -> SearchResult: ...
 
 
 class HealthPort(Protocol):

@@ -9,19 +9,24 @@ and cuts the snippets, the same way for messages and for summaries.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Table, func, select
 
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
 from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
-from lcm.store.backends import SearchSpec
+from lcm.store.backends import SearchSpec, window_rank
 from lcm.store.messages import message_select, records
-from lcm.textindex import make_snippet, parse_query
+from lcm.textindex import Query, Term, any_words, make_snippet, parse_query
 
 MAX_SEARCH_LIMIT = 200
+#: Newest matches of each content word (and pair of words) an any-word search looks at, and
+#: the rarest words whose pairs it searches (see ``_any_word_hits``).
+ANY_TERM_MATCHES = 1000
+ANY_PAIR_TERMS = 6
 #: Reciprocal-rank fusion constant of the hybrid sort.
 HYBRID_RRF_K = 60
 
@@ -77,26 +82,30 @@ class SearchRepository:
 
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
-                 time_to: float | None = None, sort: SortMode = "recency", limit: int = 10) -> SearchResult:
+                 time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
+                 any_words: bool = False) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
         ``RANK_WINDOW`` matches, ranked (BM25 / ts_rank_cd) or fused with recency; the result
-        says when more matched than were ranked (``candidates_clamped``).
+        says when more matched than were ranked (``candidates_clamped``). Then, when fewer than
+        ``limit`` rows have every word and ``any_words``, rows with some of the query's content
+        words, best BM25 first (``match="any"``).
         """
         return self._run(query, agent, session_pk, sort, limit, self._core.backend.search_messages,
-                         _message_hits, roles=tuple(roles), platform=platform,
+                         _message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to)
 
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
-                  limit: int = 10, time_from: float | None = None, time_to: float | None = None) -> SearchResult:
+                  limit: int = 10, time_from: float | None = None, time_to: float | None = None,
+                  any_words: bool = False) -> SearchResult:
         """Full-text search over the agent's summary nodes (one session, or all when None)."""
         return self._run(query, agent, session_pk, sort, limit, self._core.backend.search_summaries,
-                         _summary_hits, time_from=time_from, time_to=time_to)
+                         _summary_hits, summaries_t, any_words, time_from=time_from, time_to=time_to)
 
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-             hits_of: _Hits, **filters: Any) -> SearchResult:
+             hits_of: _Hits, table: Table, with_any: bool, **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -113,5 +122,65 @@ class SearchRepository:
             if spec.query.is_empty:
                 return SearchResult(hits=[], notes=spec.query.notes)
             found, clamped = candidates_of(conn, spec)
-            hits = hits_of(conn, spec, order_candidates(found, sort, limit))
+            chosen = order_candidates(found, sort, limit)
+            hits = hits_of(conn, spec, chosen)
+            wider = any_words(spec.query) if with_any and len(chosen) < limit else None
+            if wider is not None:
+                newest = conn.execute(select(func.max(table.c.id))).scalar() or 0
+                more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
+                                                    {c.id for c in chosen}, int(newest), candidates_of, hits_of)
+                hits += more
+                clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes)
+
+
+def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
+                   candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
+                   hits_of: _Hits) -> tuple[list[SearchHit], bool]:
+    """Rows with some of the query's content words that the all-words search did not return,
+    best first whatever the sort (newest first would bury a question's answer under every
+    recent row that shares one common word with it).
+
+    Bounded work whatever the history size, and the same on both backends: each content term
+    alone is searched newest first, up to ``ANY_TERM_MATCHES`` rows (a rare term gives all its
+    rows, a common one its newest), and a row scores the inverse document frequencies of the
+    terms it has (BM25 with term frequency and length left out: short messages, and no row
+    text to read). A term that reached the cap is common: its document frequency is estimated
+    from the id span of its newest matches (``window_rank.estimate_doc_freq``), and the result
+    says it is clamped. Rarer terms therefore decide, as in BM25."""
+    terms = spec.query.groups[0]
+    matched: dict[int, set[Term]] = {}
+    idfs: dict[Term, float] = {}
+    common: list[Term] = []
+
+    def collect(group: tuple[Term, ...]) -> bool:
+        """Rows with every term of ``group`` (newest first, capped); True when capped."""
+        found, _ = candidates_of(conn, replace(spec, query=Query(groups=tuple((t,) for t in group),
+                                                                  negatives=spec.query.negatives),
+                                               ranked=False, limit=ANY_TERM_MATCHES))
+        for c in found:
+            if c.id not in seen:
+                matched.setdefault(c.id, set()).update(group)
+        if len(group) == 1:
+            capped = len(found) >= ANY_TERM_MATCHES
+            oldest = min((c.id for c in found), default=None)
+            doc_freq = window_rank.estimate_doc_freq(len(found), oldest, newest_id) if capped else float(len(found))
+            idfs[group[0]] = window_rank.idf(doc_freq, newest_id)
+            if capped:
+                common.append(group[0])
+        return len(found) >= ANY_TERM_MATCHES
+
+    for term in terms:
+        collect((term,))
+    # A common word's newest matches may miss an older row that has it with another content
+    # word: every pair of the rarest terms that includes a common one is searched too (an AND
+    # of two words is selective even when each word alone is not).
+    rarest = sorted(terms, key=lambda t: -idfs[t])[:ANY_PAIR_TERMS]
+    clamped = len(rarest) < 2 and bool(common)  # one common word: only its newest rows were seen
+    for i, a in enumerate(rarest):
+        for b in rarest[i + 1:]:
+            if a in common or b in common:
+                clamped = collect((a, b)) or clamped
+    scored = sorted(matched.items(), key=lambda kv: (-sum(idfs[t] for t in kv[1]), -len(kv[1]), -kv[0]))
+    chosen = [Candidate(row_id, round(sum(idfs[t] for t in ts), 6)) for row_id, ts in scored[:room]]
+    return [replace(h, match="any") for h in hits_of(conn, spec, chosen)], clamped

@@ -13,17 +13,12 @@ from typing import Any
 from lcm.context.session import ContextSession
 from lcm.messages import message_text
 from lcm.records import MessageRecord
-from lcm.textindex import tokenize
+from lcm.textindex import STOP_WORDS, tokenize
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import Parsed
 from lcm.tools.recall import current_summary_hits, merge_hits, node_in_scope
 from lcm.tools.render import clip_prefix
 from lcm.tools.specs import EVIDENCE_ITEM_CHARS, EXPAND_SOURCES_CAP
-
-_QUESTION_WORDS = frozenset("""a an and are as at be but by can could did do does for from had has
-have how i if in is it its me my of on or our should so than that the their them then there these
-they this to us was we were what when where which who whom why will with would you your about
-any did does find tell show give""".split())
 
 _CITE = re.compile(r"\[(node|msg):(\d+)\]")
 
@@ -89,7 +84,7 @@ def expand_query(context: ContextSession, args: Parsed) -> dict[str, Any]:
 def evidence_query(prompt: str) -> str:
     """A search for a natural-language question: its content words, any of which may match
     (ranking puts rows matching more of them first)."""
-    words = [w for w in dict.fromkeys(tokenize(prompt)) if w not in _QUESTION_WORDS]
+    words = [w for w in dict.fromkeys(tokenize(prompt)) if w not in STOP_WORDS]
     return " OR ".join(words) if words else prompt
 
 

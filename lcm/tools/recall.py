@@ -68,10 +68,27 @@ def _scope_sessions(context: ContextSession) -> set[int]:
 
 def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: SortMode,
                limit: int) -> list[SearchHit]:
+    """Message and summary hits in one list: first the hits with every query word, newest first
+    (``recency``) or by rank; then the hits with some of its content words, by rank (the store
+    ranks those by BM25 whatever the sort). Messages before summaries of the same rank."""
+    def by_rank(msgs: list[SearchHit], sums: list[SearchHit]) -> list[SearchHit]:
+        ranked = [(i, 0, h) for i, h in enumerate(msgs)] + [(i, 1, h) for i, h in enumerate(sums)]
+        return [h for _, _, h in sorted(ranked, key=lambda t: (t[0], t[1]))]
+
+    def part(match: str) -> tuple[list[SearchHit], list[SearchHit]]:
+        return [h for h in messages if h.match == match], [h for h in summaries if h.match == match]
+
+    every_m, every_s = part("all")
     if sort == "recency":
-        return sorted(messages + summaries, key=lambda h: (-h.ts, h.kind != "message", -h.id))[:limit]
-    ranked = [(i, 0, h) for i, h in enumerate(messages)] + [(i, 1, h) for i, h in enumerate(summaries)]
-    return [h for _, _, h in sorted(ranked, key=lambda t: (t[0], t[1]))][:limit]
+        every = sorted(every_m + every_s, key=lambda h: (-h.ts, h.kind != "message", -h.id))
+    else:
+        every = by_rank(every_m, every_s)
+    return (every + by_rank(*part("any")))[:limit]
+
+
+#: Why a semantic or hybrid search was answered by full text alone.
+NO_EMBEDDINGS = ("mode {mode!r} needs message embeddings, which this lcm does not compute yet; "
+                 "answered with full_text (every word first, then any content word by BM25)")
 
 
 def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
@@ -91,8 +108,10 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
     else:
         session_pk = context.session.id
     found = store.search.messages(args["query"], agent=agent, session_pk=session_pk, sort=sort,
-                                  limit=limit, **filters)
-    payload: dict[str, Any] = {"scope": scope}
+                                  limit=limit, any_words=True, **filters)
+    payload: dict[str, Any] = {"scope": scope, "mode": "full_text"}
+    if args["mode"] != "full_text":  # no embeddings in this version: the words still answer
+        payload.update(degraded=True, degraded_reason=NO_EMBEDDINGS.format(mode=args["mode"]))
     hits = list(found.hits)
     summary_hits: list[SearchHit] = []
     if scope == "current":
@@ -113,10 +132,11 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
 def current_summary_hits(context: ContextSession, query: str, sort: SortMode, limit: int) -> list[SearchHit]:
     """Summaries of the current session, plus those carried into it from earlier sessions."""
     store, agent, session = context.store, context.agent_id, context.session
-    hits = list(store.search.summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit).hits)
+    hits = list(store.search.summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit,
+                                       any_words=True).hits)
     carried = {n.id for n in store.summaries.carried(session.id)}
     if carried:
-        wider = store.search.summaries(query, agent=agent, sort=sort, limit=GREP_LIMIT_CAP).hits
+        wider = store.search.summaries(query, agent=agent, sort=sort, limit=GREP_LIMIT_CAP, any_words=True).hits
         hits.extend(h for h in wider if h.id in carried)
         if sort == "recency":
             hits.sort(key=lambda h: -h.ts)

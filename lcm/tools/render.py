@@ -80,7 +80,7 @@ def search_hit(hit: SearchHit) -> dict[str, Any]:
                                "role": hit.role}
     else:
         out = {"type": "summary", "node_id": hit.id, "depth": hit.depth, "session_id": hit.session_key}
-    out.update({"timestamp": hit.ts, "snippet": hit.snippet})
+    out.update({"timestamp": hit.ts, "snippet": hit.snippet, "match": hit.match})
     if hit.score is not None:
         out["score"] = round(hit.score, 6)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lcm.records import SORT_MODES
+from lcm.records import SEARCH_MODES, SORT_MODES
 from lcm.tools.args import Arg
 
 GREP_LIMIT_CAP = 200
@@ -31,9 +31,14 @@ NOT_FOUND_SESSION = ("session {id!r} not found for this agent; session ids come 
 SPECS: dict[str, tuple[str, list[Arg]]] = {
     "lcm_grep": (
         "Search this conversation's full history, including everything compacted out of the "
-        "prompt: raw messages and summaries. Words must all match; \"quoted phrases\", prefix*, "
-        "OR and -exclusion work. Each hit has the store_id or node_id to open with lcm_expand.",
-        [Arg("query", "string", required=True, description="Words to find."),
+        "prompt: raw messages and summaries. Ask in plain words or exact terms: hits with every "
+        "word come first (match: all), then hits with some of the content words, best first "
+        "(match: any). \"quoted phrases\", prefix*, OR and -exclusion work. Each hit has the "
+        "store_id or node_id to open with lcm_expand.",
+        [Arg("query", "string", required=True, description="Words to find, or a question."),
+         Arg("mode", "string", default="full_text", choices=SEARCH_MODES,
+             description="full_text (words), semantic (meaning) or hybrid (both). semantic and hybrid "
+                         "need embeddings; without them the search is full_text and says degraded."),
          Arg("limit", "integer", default=10, minimum=1, cap=GREP_LIMIT_CAP, description="Hits to return."),
          Arg("sort", "string", default="recency", choices=SORT_MODES,
              description="recency (newest first), relevance (best match among the newest matches), or hybrid."),

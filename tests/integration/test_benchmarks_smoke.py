@@ -25,11 +25,11 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
-                  "prompt-cache cost"):
+                  "prompt-cache cost", "recall of questions asked in plain words"):
         assert title in done.stdout, title
     results = json.loads(out.read_text())["results"]
     backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
-    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache"):
+    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall"):
         assert {r["backend"] for r in results[phase]} == backends, phase
         assert all(r["peak_rss_mb"] > 0 for r in results[phase])
     for r in results["search"]:
@@ -49,13 +49,18 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
             assert lcm["largest_prompt_share"] < 1.0 and hermes["largest_prompt_share"] < 1.0
             assert 0 < lcm["repeated_share"] < 1 and row["cost_ratio"] > 0
             assert lcm["reported_cache_read_share"] > 0  # lcm read the cache counters of the usage
+    for r in results["recall"]:  # questions in plain words: lcm_grep finds answers all-words search cannot
+        modes = {row["mode"]: row["classes"]["all"] for row in r["rows"]}
+        assert r["questions"] >= 300 and set(modes) == {"full_text", "all_words", "bm25s"}
+        assert modes["full_text"]["recall@10"] > modes["all_words"]["recall@10"]
+        assert modes["full_text"]["recall@10"] > 0.5 * modes["bm25s"]["recall@10"] > 0
 
     # The same results as Markdown (how docs/benchmarks.md gets its tables).
     report = subprocess.run([sys.executable, "-m", "benchmarks.report", str(out)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
     for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
-                  "prompt-cache cost"):
+                  "prompt-cache cost", "recall of questions asked in plain words"):
         assert f"**{title}" in report.stdout, title
     rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert sum(line.startswith(f"| {b} |") for line in rows for b in backends) >= 4 * len(backends)

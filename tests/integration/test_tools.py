@@ -336,6 +336,41 @@ def test_grep_sorts_and_clamps(chat):
     assert huge["limit_clamped_from"] == 10**12 and len(huge["results"]) <= GREP_LIMIT_CAP
 
 
+#: A question asked in plain words: no stored message has all of them.
+QUESTION = "which port did we move the staging database to?"
+PORT_ANSWER = "Done: the staging database now listens on port 6543 after the move (it was 5432)."
+
+
+def test_a_question_in_plain_words_finds_its_answer(make_engine):
+    """Issue 15.1: every word first, then any of the question's content words by BM25, each
+    hit saying how it matched; stop words alone search nothing; semantic degrades to words."""
+    engine = make_engine(context_length=200_000)
+    engine.on_session_start("q")
+    noise = [[{"role": "user", "content": f"check the {w} settings for worker {i}"},
+              {"role": "assistant", "content": f"The {w} for worker {i} looks fine."}]
+             for i, w in enumerate(["port", "database", "cache", "queue", "port", "database"] * 5)]
+    answer = [{"role": "user", "content": "please relocate our pre-production store off the default"},
+              {"role": "assistant", "content": PORT_ANSWER}]
+    transcript = [SYSTEM]
+    for t in noise[:15] + [answer] + noise[15:]:
+        transcript = host_step(engine, transcript, t)
+    asked = call(engine, "lcm_grep", query=QUESTION, sort="relevance")
+    assert asked["results"] and {h["match"] for h in asked["results"]} == {"any"}
+    top = asked["results"][0]
+    assert top["type"] == "message" and "6543" in top["snippet"] and "**staging**" in top["snippet"]
+    for sort in ("recency", "hybrid"):  # the words that are there rank the answer first whatever the sort
+        assert "6543" in call(engine, "lcm_grep", query=QUESTION, sort=sort)["results"][0]["snippet"]
+    exact = call(engine, "lcm_grep", query="staging database port", limit=5)
+    assert exact["results"][0]["match"] == "all" and "6543" in exact["results"][0]["snippet"]
+    assert all(h["match"] == "any" for h in exact["results"][1:])
+    assert call(engine, "lcm_grep", query="what is it that we did")["results"] == []  # only stop words
+    assert [h["match"] for h in call(engine, "lcm_grep", query='"staging database"')["results"]] == ["all"]
+    semantic = call(engine, "lcm_grep", query=QUESTION, mode="semantic", sort="relevance")
+    assert semantic["degraded"] is True and "full_text" in semantic["degraded_reason"]
+    assert semantic["results"] == asked["results"]
+    assert "error" in call(engine, "lcm_grep", query=QUESTION, mode="vector")
+
+
 SYNTAX = ['"unbalanced', "NEAR(a b)", "*", "-", ":", "OR", "AND NOT", "col:QX7", "QX7*", "^QX7",
           "'; DROP TABLE lcm_messages; --", "a & | ! b", "(((", "\x00", "🙂", "", "   "]
 

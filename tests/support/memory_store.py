@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lcm import codec
+from lcm import codec, textindex
 from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError, StaleViewError
 from lcm.messages import decode_message
 from lcm.prepare import (
@@ -48,7 +48,7 @@ from lcm.records import (
     SystemPromptRecord,
     WrittenSummary,
 )
-from lcm.textindex import Term, make_snippet, parse_query, tokenize
+from lcm.textindex import Query, Term, make_snippet, parse_query, tokenize
 
 
 @dataclass
@@ -514,44 +514,65 @@ class MemorySummaries(_Part):
 
 
 class MemorySearch(_Part):
-    """Every query word (parsed as lcm parses queries) must appear in the indexed text."""
+    """Every query word (parsed as lcm parses queries) must appear in the indexed text; then, as
+    the store does, rows with some of its content words (``match="any"``), most words first."""
 
     @staticmethod
-    def _matches(text: str, query: str) -> bool:
-        parsed, words = parse_query(query), set(tokenize(text))
+    def _found(term: Term, words: set[str]) -> bool:
+        *whole, last = term.tokens
+        return all(w in words for w in whole) and (
+            any(w.startswith(last) for w in words) if term.prefix else last in words)
 
-        def found(term: Term) -> bool:
-            *whole, last = term.tokens
-            return all(w in words for w in whole) and (
-                any(w.startswith(last) for w in words) if term.prefix else last in words)
+    def _score(self, text: str, query: Query) -> int | None:
+        """Groups the text matches (None: not a match: a group missed, or a negative hit)."""
+        words = set(tokenize(text))
+        if any(self._found(t, words) for t in query.negatives):
+            return None
+        matched = sum(any(self._found(t, words) for t in group) for group in query.groups)
+        return matched if matched == len(query.groups) else None
 
-        return not parsed.is_empty and all(any(found(t) for t in group) for group in parsed.groups) \
-            and not any(found(t) for t in parsed.negatives)
+    def _search(self, query: str, limit: int, any_words: bool,
+                rows: list[tuple[str, SearchHit]]) -> SearchResult:
+        parsed = parse_query(query)
+        if parsed.is_empty:
+            return SearchResult(hits=[], notes=parsed.notes)
+        hits = [replace(h, snippet=make_snippet(text, parsed)) for text, h in rows
+                if self._score(text, parsed) is not None][:limit]
+        wider = textindex.any_words(parsed) if any_words and len(hits) < limit else None
+        if wider is not None:
+            seen = {h.id for h in hits}
+            terms = wider.groups[0]
+            scored = [(sum(self._found(t, set(tokenize(text))) for t in terms), text, h) for text, h in rows
+                      if h.id not in seen and self._score(text, wider) is not None]
+            scored.sort(key=lambda x: (-x[0], -x[2].id))
+            hits += [replace(h, snippet=make_snippet(text, wider), match="any", score=float(n))
+                     for n, text, h in scored[:limit - len(hits)]]
+        return SearchResult(hits=hits, notes=parsed.notes)
 
     def messages(self, query: str, *, agent: str, session_pk: int | None = None, roles: Sequence[str] = (),
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
-                 sort: str = "recency", limit: int = 10) -> SearchResult:
+                 sort: str = "recency", limit: int = 10, any_words: bool = False) -> SearchResult:
         agent_pk = self._data.agent(agent, create=False)
-        hits = [SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
-                          session_key=self._data.sessions[r.session_pk].session_key, ts=r.ts, role=r.role,
-                          snippet=make_snippet(r.index_text, parse_query(query)))
+        rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
+                                         session_key=self._data.sessions[r.session_pk].session_key, ts=r.ts,
+                                         role=r.role, snippet=""))
                 for r in sorted(self._data.rows.values(), key=lambda r: -r.store_id)
                 if r.agent_pk == agent_pk and (session_pk is None or r.session_pk == session_pk)
                 and (not roles or r.role in roles) and (time_from is None or r.ts >= time_from)
                 and (time_to is None or r.ts <= time_to)
-                and (platform is None or self._data.sessions[r.session_pk].platform == platform)
-                and self._matches(r.index_text, query)]
-        return SearchResult(hits=hits[:limit])
+                and (platform is None or self._data.sessions[r.session_pk].platform == platform)]
+        return self._search(query, limit, any_words, rows)
 
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: str = "recency",
-                  limit: int = 10, time_from: float | None = None, time_to: float | None = None) -> SearchResult:
-        hits = [SearchHit(kind="summary", id=s.id, session_pk=s.session_pk,
-                          session_key=self._data.sessions[s.session_pk].session_key, ts=s.latest_at,
-                          depth=s.depth, snippet=make_snippet(s.content, parse_query(query)))
+                  limit: int = 10, time_from: float | None = None, time_to: float | None = None,
+                  any_words: bool = False) -> SearchResult:
+        rows = [(s.content, SearchHit(kind="summary", id=s.id, session_pk=s.session_pk,
+                                      session_key=self._data.sessions[s.session_pk].session_key, ts=s.latest_at,
+                                      depth=s.depth, snippet=""))
                 for s in sorted(self._data.summaries.values(), key=lambda s: -s.id)
                 if self._data.sessions[s.session_pk].agent == agent
-                and (session_pk is None or s.session_pk == session_pk) and self._matches(s.content, query)]
-        return SearchResult(hits=hits[:limit])
+                and (session_pk is None or s.session_pk == session_pk)]
+        return self._search(query, limit, any_words, rows)
 
 
 class MemoryHealth(_Part):

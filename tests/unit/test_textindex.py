@@ -105,3 +105,21 @@ def test_snippet_marks_matches_around_the_first_hit():
     assert "**Café**" in snip and "**NEEDLE42**" in snip
     assert snip.startswith("…") and snip.endswith("…")
     assert len(snip) < 260
+
+
+def test_any_words_keeps_the_content_terms_of_a_question():
+    from lcm.textindex import any_words
+
+    asked = any_words(parse_query("Which port did we move the staging database to?"))
+    assert asked is not None and len(asked.groups) == 1
+    assert [t.tokens for t in asked.groups[0]] == [("port",), ("move",), ("staging",), ("database",)]
+    # Phrases, prefixes, ids and negatives are kept whole; repeated words once.
+    kept = any_words(parse_query('"the deploy" fp-7q2k alemb* port port -staging'))
+    assert kept is not None
+    assert [(t.tokens, t.prefix) for t in kept.groups[0]] == [
+        (("the", "deploy"), False), (("fp", "7q2k"), False), (("alemb",), True), (("port",), False)]
+    assert [t.tokens for t in kept.negatives] == [("staging",)]
+    # Nothing to widen: one word, or nothing but stop words.
+    assert any_words(parse_query("database")) is None
+    assert any_words(parse_query("what is it that we did")) is None
+    assert any_words(parse_query("")) is None
