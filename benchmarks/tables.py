@@ -150,9 +150,29 @@ def cache(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def recall(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend and size: recall@5/@10 per question class and latency, per mode."""
+    specs = []
+    for r in results:
+        classes = [k for k in ("all", "named", "paraphrase", "temporal") if k in r["rows"][0]["classes"]]
+        spec = TableSpec(
+            f"recall of questions asked in plain words, {r['backend']}, {r['messages']:,} messages, "
+            f"{r['questions']} questions (recall@5 / recall@10)",
+            ["mode", *(f"{k} ({r['rows'][0]['classes'][k]['questions']})" for k in classes), "p50 ms", "p95 ms"],
+            left=frozenset({"mode"}),
+            notes=["full_text: lcm_grep as shipped (every word, then any content word); all_words: every word "
+                   "required (lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"])
+        for row in r["rows"]:
+            c = row["classes"]
+            spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in classes),
+                              f(row["latency_ms"]["p50"], 1), f(row["latency_ms"]["p95"], 1)])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache}
+    "cache": cache, "recall": recall}
 
 
 def markdown(spec: TableSpec) -> str:
