@@ -274,11 +274,23 @@ def any_words(query: Query) -> Query | None:
 _TOKEN_RUN = re.compile(r"[^\W_]+")
 
 
-def make_snippet(body: str, query: Query, width: int = SNIPPET_CHARS) -> str:
+def _near(word: str, token: str) -> bool:
+    """Forms of one word, as a stemmer would have matched them ("moved" for "move", "staging"
+    for "stage"): a common start of at least 4 characters, missing at most 3 of the shorter."""
+    n = 0
+    for a, b in zip(word, token, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n >= 4 and n >= min(len(word), len(token)) - 3
+
+
+def make_snippet(body: str, query: Query, width: int = SNIPPET_CHARS, *, loose: bool = False) -> str:
     """A window of ``body`` around the first match, matched words marked ``**like this**``.
 
     Cut in Python from the final page of hits only, the same on both backends (the databases'
-    own highlighters would see raw text while the index sees normalised tokens).
+    own highlighters would see raw text while the index sees normalised tokens). ``loose``: the
+    hit came from the stemmed index, so other forms of a query word count too (:func:`_near`).
     """
     if not body:
         return ""
@@ -288,10 +300,13 @@ def make_snippet(body: str, query: Query, width: int = SNIPPET_CHARS) -> str:
     scan = body[:SNIPPET_SCAN_CHARS]
 
     def matches(word: str, anchor_only: bool) -> bool:
+        wanted = first_tokens if anchor_only else all_tokens
         for tok in tokenize(space_unspaced_scripts(word)):
-            if tok in (first_tokens if anchor_only else all_tokens):
+            if tok in wanted:
                 return True
             if prefixes and tok.startswith(prefixes):
+                return True
+            if loose and any(_near(tok, w) for w in wanted):
                 return True
         return False
 

@@ -25,7 +25,8 @@ from lcm.store import connection
 
 #: Every revision of the history, oldest first. Append here when adding a revision.
 KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "0003_engine_state",
-                                     "0004_message_identity_v2", "0005_writers_and_forks", "0006_system_prompts")
+                                     "0004_message_identity_v2", "0005_writers_and_forks", "0006_system_prompts",
+                                     "0007_stemmed_search")
 HEAD = KNOWN_REVISIONS[-1]
 VERSION_TABLE = "lcm_alembic_version"
 #: Key of the PostgreSQL advisory lock that serialises concurrent `lcm db upgrade` runs.
@@ -60,7 +61,8 @@ def include_object(obj: Any, name: str | None, type_: str, reflected: bool, comp
 
     if name is None:
         return True
-    if name in DIALECT_ONLY_OBJECTS or name.startswith(("lcm_messages_fts", "lcm_summaries_fts")):
+    if name in DIALECT_ONLY_OBJECTS or name.startswith(("lcm_messages_fts", "lcm_summaries_fts", "lcm_messages_stems",
+                                                        "lcm_summaries_stems")):
         return False
     if type_ == "table" and name == VERSION_TABLE:
         return False

@@ -53,6 +53,11 @@ DIALECT_ONLY_OBJECTS = frozenset(
         "ix_lcm_summaries_search_vector",
         "ix_lcm_messages_agent_recent",
         "ix_lcm_summaries_agent_recent",
+        "lcm_messages_stems",
+        "lcm_summaries_stems",
+        "search_stems",
+        "ix_lcm_messages_search_stems",
+        "ix_lcm_summaries_search_stems",
     }
 )
 

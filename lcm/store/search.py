@@ -27,6 +27,8 @@ MAX_SEARCH_LIMIT = 200
 #: the rarest words whose pairs it searches (see ``_any_word_hits``).
 ANY_TERM_MATCHES = 1000
 ANY_PAIR_TERMS = 6
+#: What a word counts when a row has it only in another form ("moved" for "move").
+STEM_WEIGHT = 0.5
 #: Reciprocal-rank fusion constant of the hybrid sort.
 HYBRID_RRF_K = 60
 
@@ -60,7 +62,8 @@ def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -
     texts.update({r.id: r.search_text or "" for r in rows if r.payload_id is not None})
     by_id = {r.id: r for r in rows}
     return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.ts, role=r.role, score=c.score, snippet=make_snippet(texts[r.id], spec.query))
+                      ts=r.ts, role=r.role, score=c.score,
+                      snippet=make_snippet(texts[r.id], spec.query, loose=spec.stemmed))
             for c in chosen if (r := by_id.get(c.id)) is not None]
 
 
@@ -70,7 +73,8 @@ def _summary_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -
         summaries_t.c.id.in_(chunk), summaries_t.c.agent_id == spec.agent_pk))
     by_id = {r.id: r for r in rows}
     return [SearchHit(kind="summary", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.latest_at, depth=r.depth, score=c.score, snippet=make_snippet(r.content, spec.query))
+                      ts=r.latest_at, depth=r.depth, score=c.score,
+                      snippet=make_snippet(r.content, spec.query, loose=spec.stemmed))
             for c in chosen if (r := by_id.get(c.id)) is not None]
 
 
@@ -143,44 +147,56 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
 
     Bounded work whatever the history size, and the same on both backends: each content term
     alone is searched newest first, up to ``ANY_TERM_MATCHES`` rows (a rare term gives all its
-    rows, a common one its newest), and a row scores the inverse document frequencies of the
-    terms it has (BM25 with term frequency and length left out: short messages, and no row
-    text to read). A term that reached the cap is common: its document frequency is estimated
-    from the id span of its newest matches (``window_rank.estimate_doc_freq``), and the result
-    says it is clamped. Rarer terms therefore decide, as in BM25."""
+    rows, a common one its newest), in the exact index and in the stemmed one ("moved" finds
+    "move"). A row scores the inverse document frequency of each term it has as written, and
+    ``STEM_WEIGHT`` of it for a term it has only in another form (BM25 with term frequency and
+    length left out: short messages, and no row text to read). A term that reached the cap is
+    common: its document frequency is estimated from the id span of its newest matches
+    (``window_rank.estimate_doc_freq``), and every pair of the rarest terms that includes it is
+    searched too (an AND of two words is selective when each word alone is not), so an older
+    row with a common word *and* another content word is still found. Rarer terms decide, as
+    in BM25."""
     terms = spec.query.groups[0]
-    matched: dict[int, set[Term]] = {}
-    idfs: dict[Term, float] = {}
-    common: list[Term] = []
+    exact: dict[int, set[Term]] = {}
+    stems: dict[int, set[Term]] = {}
+    idfs: dict[tuple[Term, bool], float] = {}
+    common: set[Term] = set()
 
-    def collect(group: tuple[Term, ...]) -> bool:
+    def collect(group: tuple[Term, ...], stemmed: bool) -> bool:
         """Rows with every term of ``group`` (newest first, capped); True when capped."""
         found, _ = candidates_of(conn, replace(spec, query=Query(groups=tuple((t,) for t in group),
                                                                   negatives=spec.query.negatives),
-                                               ranked=False, limit=ANY_TERM_MATCHES))
+                                               ranked=False, limit=ANY_TERM_MATCHES, stemmed=stemmed))
+        into = stems if stemmed else exact
         for c in found:
             if c.id not in seen:
-                matched.setdefault(c.id, set()).update(group)
+                into.setdefault(c.id, set()).update(group)
+        capped = len(found) >= ANY_TERM_MATCHES
         if len(group) == 1:
-            capped = len(found) >= ANY_TERM_MATCHES
             oldest = min((c.id for c in found), default=None)
             doc_freq = window_rank.estimate_doc_freq(len(found), oldest, newest_id) if capped else float(len(found))
-            idfs[group[0]] = window_rank.idf(doc_freq, newest_id)
-            if capped:
-                common.append(group[0])
-        return len(found) >= ANY_TERM_MATCHES
+            idfs[group[0], stemmed] = window_rank.idf(doc_freq, newest_id)
+            if capped and not stemmed:
+                common.add(group[0])
+        return capped
 
     for term in terms:
-        collect((term,))
-    # A common word's newest matches may miss an older row that has it with another content
-    # word: every pair of the rarest terms that includes a common one is searched too (an AND
-    # of two words is selective even when each word alone is not).
-    rarest = sorted(terms, key=lambda t: -idfs[t])[:ANY_PAIR_TERMS]
+        collect((term,), stemmed=False)
+        if term not in common:  # a common word's other forms are commoner still: little to gain
+            collect((term,), stemmed=True)
+    rarest = sorted(terms, key=lambda t: -idfs[t, False])[:ANY_PAIR_TERMS]
     clamped = len(rarest) < 2 and bool(common)  # one common word: only its newest rows were seen
     for i, a in enumerate(rarest):
         for b in rarest[i + 1:]:
             if a in common or b in common:
-                clamped = collect((a, b)) or clamped
-    scored = sorted(matched.items(), key=lambda kv: (-sum(idfs[t] for t in kv[1]), -len(kv[1]), -kv[0]))
-    chosen = [Candidate(row_id, round(sum(idfs[t] for t in ts), 6)) for row_id, ts in scored[:room]]
-    return [replace(h, match="any") for h in hits_of(conn, spec, chosen)], clamped
+                clamped = collect((a, b), stemmed=False) or clamped
+
+    def score(row_id: int) -> float:
+        as_written = exact.get(row_id, set())
+        return sum(idfs[t, False] for t in as_written) + STEM_WEIGHT * sum(
+            idfs[t, True] for t in stems.get(row_id, set()) - as_written if (t, True) in idfs)
+
+    rows = {*exact, *stems}
+    scored = sorted(((score(r), r) for r in rows), key=lambda x: (-x[0], -x[1]))
+    chosen = [Candidate(row_id, round(value, 6)) for value, row_id in scored[:room]]
+    return [replace(h, match="any") for h in hits_of(conn, replace(spec, stemmed=True), chosen)], clamped

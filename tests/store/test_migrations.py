@@ -130,12 +130,23 @@ def write_at_0005(conn) -> None:
                       "VALUES (1, :d, NULL, 1600000000.0)"), {"d": GENERATED_DIGEST})
 
 
+OLD_PROMPT_DIGEST = "e" * 64
+
+
+def write_at_0006(conn) -> None:
+    """0006 keeps system prompts: lcm at 0006 had kept one version for the old session."""
+    write_at_0005(conn)
+    conn.execute(text("INSERT INTO lcm_system_prompts (session_id, digest, message, token_count, first_seq, "
+                      "created_at) VALUES (1, :d, :m, 3, 1, 1600000000.0)"),
+                 {"d": OLD_PROMPT_DIGEST, "m": json.dumps({"role": "system", "content": "kept at 0006"})})
+
+
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
            "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
-           "0005_writers_and_forks": write_at_0005}
+           "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006}
 
 
-def verify_old_data(store: Store) -> None:
+def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     session = store.sessions.find("old-agent", "old-session")
     assert session is not None and session.host_view_seq == 0
     assert [m.message for m in store.messages.get_range(session.id)] == OLD_MESSAGES
@@ -150,13 +161,17 @@ def verify_old_data(store: Store) -> None:
     # 0005: the old session is no fork, has skipped nothing, and its rows carry no problem.
     assert session.parent_id is None and session.fork_seq is None and session.skipped_count == 0
     assert all(not m.problem for m in store.messages.get_range(session.id))
-    # 0006: no system prompt was ever kept; the old session keeps versions from now on, once each.
-    assert store.sessions.system_prompts(session.id) == []
+    # 0006: the versions kept before (none before 0006); new versions are kept once each.
+    assert len(store.sessions.system_prompts(session.id)) == prompts_kept
     prompt = prepare_system_prompt(OLD_MESSAGES[0], TokenCounter())
     assert store.sessions.keep_system_prompt(session.id, prompt, first_seq=session.last_seq + 1)
     assert not store.sessions.keep_system_prompt(session.id, prompt, first_seq=session.last_seq + 5)
-    [kept] = store.sessions.system_prompts(session.id)
+    kept = store.sessions.system_prompts(session.id)[-1]
     assert kept.message == OLD_MESSAGES[0] and kept.first_seq == session.last_seq + 1
+    # 0007: old rows are in the stemmed index: other forms of their words find them.
+    [first, *_] = store.search.messages("which marmot deployments were questioned", agent="old-agent",
+                                        any_words=True).hits
+    assert first.match == "any" and first.role == "user" and "**deployment**" in first.snippet
     bad = [c for c in store.health.checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad
@@ -184,9 +199,11 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     engine.dispose()
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
-    verify_old_data(store)
-    if revision == "0005_writers_and_forks":
+    verify_old_data(store, prompts_kept=1 if revision == "0006_system_prompts" else 0)
+    if revision in ("0005_writers_and_forks", "0006_system_prompts"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
+    if revision == "0006_system_prompts":
+        assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST
 
 
 def test_empty_to_head_then_base_then_head(db_url):

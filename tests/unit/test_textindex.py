@@ -123,3 +123,11 @@ def test_any_words_keeps_the_content_terms_of_a_question():
     assert any_words(parse_query("database")) is None
     assert any_words(parse_query("what is it that we did")) is None
     assert any_words(parse_query("")) is None
+
+
+def test_a_snippet_from_the_stemmed_index_marks_other_forms_of_the_words():
+    query = parse_query("moved deployments")
+    text = "Yesterday we " + "x " * 150 + "move the deployment to staging."
+    assert "**move**" not in make_snippet(text, query)  # exact: nothing to anchor on
+    loose = make_snippet(text, query, loose=True)
+    assert "**move**" in loose and "**deployment**" in loose and "**staging**" not in loose

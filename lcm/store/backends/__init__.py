@@ -51,6 +51,9 @@ class SearchSpec:
     limit: int = 10
     window: int = RANK_WINDOW
     scan_cap: int = FILTER_SCAN_CAP
+    #: Search the stemmed index (porter / PostgreSQL's english configuration: "moved" finds
+    #: "move") instead of the exact one: the any-word part of a search.
+    stemmed: bool = False
 
     @property
     def has_post_filters(self) -> bool:

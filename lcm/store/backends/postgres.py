@@ -167,6 +167,7 @@ class _PhaseQuery:
     platform_join: str
     need: int  # candidates wanted
     ranked: bool
+    column: str  # search_vector (exact tokens) or search_stems (english configuration)
     order_col: str  # the scope's own order: seq for one session's messages, else id
     where_scope: str
 
@@ -237,6 +238,15 @@ class PostgresBackend(Backend):
         they are stale and a word grew common since, the cost is that word's GIN matches once,
         never a plan that walks the table.
         """
+        if spec.stemmed:
+            rendered = self._stemmed_tsquery(conn, spec, roles)
+            if rendered is None:  # a word that must match is a stop word of the configuration
+                return [], False
+            # Stemmed searches are the any-word part's per-word lookups of words that are not
+            # common: the GIN index at once (the statistics are the exact column's, not these).
+            q = self._phase_query(spec, base, ts_col, roles, stemmed=rendered)
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
         q = self._phase_query(spec, base, ts_col, roles)
         estimated = _estimated_matches(spec.query, q.scope, self._lexeme_stats(conn, base))
         if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
@@ -248,14 +258,39 @@ class PostgresBackend(Backend):
         return self._older_phase(conn, q, spec, len(rows), found)
 
     @staticmethod
-    def _phase_query(spec: SearchSpec, base: str, ts_col: str, roles: Sequence[str]) -> _PhaseQuery:
+    def _stemmed_tsquery(conn: Connection, spec: SearchSpec, roles: Sequence[str]) -> tuple[str, str] | None:
+        """(the query with its scope, without it) for ``search_stems``: each term stemmed by
+        the server's ``english`` configuration (the one that built the column), assembled like
+        :func:`render_tsquery`. None when a group that must match has no lexeme left."""
+        terms = [*spec.query.positive_terms(), *spec.query.negatives]
+        sources = [" <-> ".join(f"'{tok}'" for tok in t.tokens) + (":*" if t.prefix else "") for t in terms]
+        stemmed = dict(zip(terms, (r[0] for r in conn.execute(text(
+            "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
+            "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": sources}).all()), strict=True))
+        groups = []
+        for group in spec.query.groups:
+            either = [f"({stemmed[t]})" for t in group if stemmed[t]]
+            if not either:
+                return None
+            groups.append(either[0] if len(either) == 1 else "(" + " | ".join(either) + ")")
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
-        params: dict[str, Any] = {"q": render_tsquery(spec.query, scope, roles),
+        parts = [*groups, *(_quote("§" + tok) for tok in scope)]
+        if roles:
+            parts.append("(" + " | ".join(_quote("§r:" + r) for r in roles) + ")")
+        parts += [f"!({stemmed[n]})" for n in spec.query.negatives if stemmed[n]]
+        return " & ".join(parts), " & ".join(groups)
+
+    @staticmethod
+    def _phase_query(spec: SearchSpec, base: str, ts_col: str, roles: Sequence[str],
+                     stemmed: tuple[str, str] | None = None) -> _PhaseQuery:
+        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        column = "search_stems" if stemmed is not None else "search_vector"
+        params: dict[str, Any] = {"q": stemmed[0] if stemmed else render_tsquery(spec.query, scope, roles),
                                   "probe": PROBE_ROWS, "sid": spec.session_pk, "aid": spec.agent_pk}
         score = "NULL::real"
         if spec.ranked:
-            params["bq"] = render_tsquery(spec.query, with_negatives=False)
-            score = "ts_rank_cd(t.search_vector, CAST(:bq AS tsquery), 1)"
+            params["bq"] = stemmed[1] if stemmed else render_tsquery(spec.query, with_negatives=False)
+            score = f"ts_rank_cd(t.{column}, CAST(:bq AS tsquery), 1)"
         filters, filter_params = post_filters(spec, ts_col)
         params.update(filter_params)
         # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
@@ -264,7 +299,7 @@ class PostgresBackend(Backend):
         return _PhaseQuery(
             base=base, scope=scope, score=score, filters=filters, params=params,
             platform_join="JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else "",
-            need=spec.window if spec.ranked else spec.limit, ranked=spec.ranked,
+            need=spec.window if spec.ranked else spec.limit, ranked=spec.ranked, column=column,
             order_col="seq" if session_scoped and base == "lcm_messages" else "id",
             where_scope="WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid ")
 
@@ -283,7 +318,7 @@ class PostgresBackend(Backend):
         rows = conn.execute(text(
             f"SELECT t.id, {q.score}, ({' AND '.join(q.filters) or 'TRUE'}) AS keep "
             f"FROM ({window}) t {q.platform_join}"
-            f"WHERE t.search_vector @@ CAST(:q AS tsquery) ORDER BY t.{q.order_col} DESC LIMIT :first"),
+            f"WHERE t.{q.column} @@ CAST(:q AS tsquery) ORDER BY t.{q.order_col} DESC LIMIT :first"),
             params).all()
         return rows, [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:q.need]
 
@@ -317,7 +352,7 @@ class PostgresBackend(Backend):
         below = " AND t.id + 0 < :floor" if floor_id is not None else ""
         rows = conn.execute(text(
             f"WITH g AS MATERIALIZED (SELECT t.id, {q.score} AS score FROM {q.base} t {q.platform_join}"
-            f"WHERE t.search_vector @@ CAST(:q AS tsquery){below}"
+            f"WHERE t.{q.column} @@ CAST(:q AS tsquery){below}"
             f"{''.join(' AND ' + f for f in q.filters)}) "
             "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
             {**q.params, "floor": floor_id, "need": need}).all()

@@ -37,6 +37,8 @@ SAMPLE_ROWS = 200
 LOCK_PROBE_SECONDS = 1.0
 
 _FTS = {"messages": "lcm_messages_fts", "summaries": "lcm_summaries_fts"}
+#: The stemmed twins (FTS5's porter tokenizer over the same content views; revision 0007).
+_STEMS = {"messages": "lcm_messages_stems", "summaries": "lcm_summaries_stems"}
 _BASE = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
 
 
@@ -180,13 +182,13 @@ class SQLiteBackend(Backend):
     # -- search --------------------------------------------------------------------------
 
     def _search(self, conn: Connection, spec: SearchSpec, kind: str) -> tuple[list[Candidate], bool]:
-        fts = _FTS[kind]
+        fts = (_STEMS if spec.stemmed else _FTS)[kind]
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         want = spec.window if spec.ranked else spec.limit
         # Ranking: FTS5's bm25() unless a query word is common (see window_rank), whose whole
         # posting list bm25() would read before scoring anything.
-        idfs, commonest = self._term_stats(conn, kind, spec.query) if spec.ranked else ({}, 0.0)
+        idfs, commonest = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0)
         native = spec.ranked and commonest < window_rank.WINDOW_RANK_MIN_SHARE
         score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
         if not spec.has_post_filters:
@@ -222,10 +224,10 @@ class SQLiteBackend(Backend):
         return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
 
     @staticmethod
-    def _term_stats(conn: Connection, kind: str, query: Query) -> tuple[dict[Term, float], float]:
+    def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float]:
         """Each query word's IDF, from its document frequency estimated on its newest matches
         (``window_rank.estimate_doc_freq``), and the largest share of rows one word is in."""
-        fts, base = _FTS[kind], _BASE[kind]
+        base = _BASE[kind]
         newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
         idfs: dict[Term, float] = {}
         commonest = 0.0
@@ -288,8 +290,8 @@ class SQLiteBackend(Backend):
 
     def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
         out = []
-        for kind, fts in _FTS.items():
-            base = f"lcm_{kind}"
+        for kind, fts in [*_FTS.items(), *((f"{k}_stems", v) for k, v in _STEMS.items())]:
+            base = f"lcm_{kind.removesuffix('_stems')}"
             rows = conn.exec_driver_sql(f"SELECT count(*) FROM {base}").scalar_one()
             indexed = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
             problems = []
@@ -311,7 +313,7 @@ class SQLiteBackend(Backend):
         """Each of the newest rows must be found by the first token of its own indexed body."""
         from lcm.textindex import tokenize
 
-        src = f"{fts}_src"
+        src = f"{_BASE[kind.removesuffix('_stems')]}_fts_src"
         rows = conn.exec_driver_sql(
             f"SELECT id, body, scope FROM {src} ORDER BY id DESC LIMIT {SAMPLE_ROWS}").all()
         missing = []
@@ -332,6 +334,7 @@ class SQLiteBackend(Backend):
         counts = {}
         for kind, fts in _FTS.items():
             conn.exec_driver_sql(f"INSERT INTO {fts}({fts}) VALUES ('rebuild')")
+            conn.exec_driver_sql(f"INSERT INTO {_STEMS[kind]}({_STEMS[kind]}) VALUES ('rebuild')")
             counts[kind] = conn.exec_driver_sql(f"SELECT count(*) FROM {fts}_docsize").scalar_one()
         return counts
 
