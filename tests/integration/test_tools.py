@@ -360,6 +360,14 @@ def test_a_question_in_plain_words_finds_its_answer(make_engine):
     assert top["type"] == "message" and "6543" in top["snippet"] and "**staging**" in top["snippet"]
     for sort in ("recency", "hybrid"):  # the words that are there rank the answer first whatever the sort
         assert "6543" in call(engine, "lcm_grep", query=QUESTION, sort=sort)["results"][0]["snippet"]
+    # Filters hold in the any-word part too (the role is in both indexes' scope).
+    said = call(engine, "lcm_grep", query=QUESTION, role="assistant", session_scope="all")["results"]
+    assert said and "6543" in said[0]["snippet"] and {h["role"] for h in said} == {"assistant"}
+    asked_by_user = call(engine, "lcm_grep", query=QUESTION, role="user", session_scope="all")["results"]
+    assert asked_by_user and all("6543" not in h["snippet"] and h["role"] == "user" for h in asked_by_user)
+    # Other forms of the words (the stemmed index): "relocated" and "stores" find "relocate", "store".
+    forms = call(engine, "lcm_grep", query="who relocated the stores", sort="relevance")["results"]
+    assert forms[0]["match"] == "any" and "**relocate**" in forms[0]["snippet"]
     exact = call(engine, "lcm_grep", query="staging database port", limit=5)
     assert exact["results"][0]["match"] == "all" and "6543" in exact["results"][0]["snippet"]
     assert all(h["match"] == "any" for h in exact["results"][1:])
