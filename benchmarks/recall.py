@@ -251,6 +251,7 @@ def run(backend: str, url: str, *, messages: int = 10_000) -> dict[str, Any]:
         record = store.sessions.get_or_create(AGENT, f"chat-{si:05d}", platform="cli")
         for b in range(0, len(session), BATCH):
             ids += append_messages(store, record.id, session[b:b + BATCH]).store_ids
+    store.health.optimize()  # what `lcm ingest` does after an import: statistics, GIN pending lists merged
     load_s = time.perf_counter() - started
     engine = LcmEngine(LcmConfig.from_env({}, database_url=url, agent_id=AGENT))
     engine.on_session_start("chat-00000")

@@ -258,7 +258,8 @@ class HealthRepository:
             return self._core.backend.rebuild_search_index(conn)
 
     def optimize(self) -> None:
-        """Refresh the query planner's statistics; call after a bulk import."""
+        """Refresh the query planner's statistics (and, on PostgreSQL, merge the GIN indexes'
+        pending rows); call after a bulk import."""
         with self._core.engine.connect() as conn:
             self._core.backend.optimize(conn)
             conn.commit()

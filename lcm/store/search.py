@@ -50,6 +50,8 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 
 #: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
+#: Per kind: the backend's estimate of how many rows contain a term (None: unknown).
+_TermRows = Callable[[Connection, Term], float | None]
 
 
 def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -> list[SearchHit]:
@@ -96,20 +98,25 @@ class SearchRepository:
         ``limit`` rows have every word and ``any_words``, rows with some of the query's content
         words, best BM25 first (``match="any"``).
         """
-        return self._run(query, agent, session_pk, sort, limit, self._core.backend.search_messages,
-                         _message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
+        backend = self._core.backend
+        return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
+                         _message_hits, messages_t, lambda conn, t: backend.term_rows(conn, "messages", t),
+                         any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to)
 
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None, time_to: float | None = None,
                   any_words: bool = False) -> SearchResult:
         """Full-text search over the agent's summary nodes (one session, or all when None)."""
-        return self._run(query, agent, session_pk, sort, limit, self._core.backend.search_summaries,
-                         _summary_hits, summaries_t, any_words, time_from=time_from, time_to=time_to)
+        backend = self._core.backend
+        return self._run(query, agent, session_pk, sort, limit, backend.search_summaries,
+                         _summary_hits, summaries_t, lambda conn, t: backend.term_rows(conn, "summaries", t),
+                         any_words, time_from=time_from, time_to=time_to)
 
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-             hits_of: _Hits, table: Table, with_any: bool, **filters: Any) -> SearchResult:
+             hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool,
+             **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -132,7 +139,8 @@ class SearchRepository:
             if wider is not None:
                 newest = conn.execute(select(func.max(table.c.id))).scalar() or 0
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
-                                                    {c.id for c in chosen}, int(newest), candidates_of, hits_of)
+                                                    {c.id for c in chosen}, int(newest), candidates_of, hits_of,
+                                                    term_rows)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes)
@@ -140,7 +148,7 @@ class SearchRepository:
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
                    candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-                   hits_of: _Hits) -> tuple[list[SearchHit], bool]:
+                   hits_of: _Hits, term_rows: _TermRows) -> tuple[list[SearchHit], bool]:
     """Rows with some of the query's content words that the all-words search did not return,
     best first whatever the sort (newest first would bury a question's answer under every
     recent row that shares one common word with it).
@@ -155,7 +163,9 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
     (``window_rank.estimate_doc_freq``), and every pair of the rarest terms that includes it is
     searched too (an AND of two words is selective when each word alone is not), so an older
     row with a common word *and* another content word is still found. Rarer terms decide, as
-    in BM25."""
+    in BM25. A word the backend already knows to be common (``term_rows``: statistics or a
+    bounded sample) is not looked up alone at all: its rows are reached through its pairs.
+    """
     terms = spec.query.groups[0]
     exact: dict[int, set[Term]] = {}
     stems: dict[int, set[Term]] = {}
@@ -180,7 +190,16 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
                 common.add(group[0])
         return capped
 
+    known = {t: term_rows(conn, t) for t in terms}
+    for t, rows_with in known.items():
+        if rows_with is not None and rows_with >= ANY_TERM_MATCHES:
+            common.add(t)
+            idfs[t, False] = window_rank.idf(rows_with, newest_id)
+    if common and len(common) == len(terms):  # every word is common: still look up the rarest
+        common.discard(min(terms, key=lambda t: known[t] or 0.0))
     for term in terms:
+        if term in common:
+            continue
         collect((term,), stemmed=False)
         if term not in common:  # a common word's other forms are commoner still: little to gain
             collect((term,), stemmed=True)

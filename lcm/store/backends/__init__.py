@@ -28,7 +28,7 @@ from sqlalchemy.engine import URL
 
 from lcm.errors import ConfigError
 from lcm.records import Candidate, CheckResult
-from lcm.textindex import Query
+from lcm.textindex import Query, Term
 
 #: Candidate rows considered when a relevance order or a post-filter (time range, platform)
 #: applies: the newest matches, so the work per search is bounded whatever the history size.
@@ -143,6 +143,12 @@ class Backend(ABC):
     @abstractmethod
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         """As :meth:`search_messages` for summary nodes (session and agent scope only)."""
+
+    @abstractmethod
+    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+        """About how many rows of the whole table (``messages`` or ``summaries``) contain
+        ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
+        a word too common to decide anything on its own."""
 
     @abstractmethod
     def check_database(self, conn: Connection) -> list[CheckResult]:

@@ -46,6 +46,8 @@ MAX_POSITIONS_PER_LEXEME = 256
 SAMPLE_ROWS = 200
 REBUILD_BATCH = 2000
 SEARCHABLE = ("lcm_messages", "lcm_summaries")
+#: Stemmed query words remembered per process (cleared when it grows past this).
+STEM_CACHE_SIZE = 50_000
 
 
 def _quote(lexeme: str) -> str:
@@ -180,6 +182,7 @@ class PostgresBackend(Backend):
     def __init__(self) -> None:
         super().__init__()
         self._stats_cache: dict[str, tuple[float, LexemeStats | None]] = {}
+        self._stems: dict[str, str] = {}  # to_tsquery('english', word) per word, see _stemmed_tsquery
 
     def engine_options(self, url: URL) -> dict[str, Any]:
         connect_args: dict[str, Any] = {"application_name": "lcm"}
@@ -257,16 +260,20 @@ class PostgresBackend(Backend):
             return found, spec.ranked
         return self._older_phase(conn, q, spec, len(rows), found)
 
-    @staticmethod
-    def _stemmed_tsquery(conn: Connection, spec: SearchSpec, roles: Sequence[str]) -> tuple[str, str] | None:
+    def _stemmed_tsquery(self, conn: Connection, spec: SearchSpec, roles: Sequence[str]) -> tuple[str, str] | None:
         """(the query with its scope, without it) for ``search_stems``: each term stemmed by
         the server's ``english`` configuration (the one that built the column), assembled like
         :func:`render_tsquery`. None when a group that must match has no lexeme left."""
         terms = [*spec.query.positive_terms(), *spec.query.negatives]
         sources = [" <-> ".join(f"'{tok}'" for tok in t.tokens) + (":*" if t.prefix else "") for t in terms]
-        stemmed = dict(zip(terms, (r[0] for r in conn.execute(text(
-            "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
-            "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": sources}).all()), strict=True))
+        unknown = [src for src in dict.fromkeys(sources) if src not in self._stems]
+        if unknown:  # the configuration is fixed: a word's stemmed query never changes
+            if len(self._stems) > STEM_CACHE_SIZE:
+                self._stems.clear()
+            self._stems.update(zip(unknown, (r[0] for r in conn.execute(text(
+                "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
+                "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": unknown}).all()), strict=True))
+        stemmed = {t: self._stems[src] for t, src in zip(terms, sources, strict=True)}
         groups = []
         for group in spec.query.groups:
             either = [f"({stemmed[t]})" for t in group if stemmed[t]]
@@ -396,6 +403,15 @@ class PostgresBackend(Backend):
     def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "lcm_messages", "ts", spec.roles)
 
+    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+        """From ANALYZE's lexeme statistics (cached): a phrase is as rare as its rarest word."""
+        if term.prefix:
+            return None
+        stats = self._lexeme_stats(conn, f"lcm_{kind}")
+        if stats is None:
+            return None
+        return min(stats.freq(tok) for tok in term.tokens) * stats.rows
+
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "lcm_summaries", "latest_at", ())
 
@@ -500,6 +516,14 @@ class PostgresBackend(Backend):
         # Without statistics the planner cannot tell a needle from the most common word and
         # may rank every match; autovacuum refreshes them later, a bulk import should now.
         conn.exec_driver_sql("ANALYZE lcm_sessions, lcm_messages, lcm_summaries, lcm_summary_sources")
+        # Rows inserted since the last vacuum wait in each GIN index's pending list, which every
+        # search then scans in full (a rare word read 358 pages instead of 46 after a 100k-row
+        # import); merge them now instead of waiting for autovacuum.
+        conn.exec_driver_sql(
+            "SELECT gin_clean_pending_list(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind = 'i' AND c.relname IN ("
+            "'ix_lcm_messages_search_vector', 'ix_lcm_summaries_search_vector', "
+            "'ix_lcm_messages_search_stems', 'ix_lcm_summaries_search_stems')")
 
     def database_size(self, conn: Connection) -> int | None:
         return int(conn.execute(text(

@@ -257,6 +257,15 @@ class SQLiteBackend(Backend):
     def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "messages")
 
+    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+        """From the term's newest matches (a bounded FTS5 walk, ``window_rank.estimate_doc_freq``)."""
+        fts, base = _FTS[kind], _BASE[kind]
+        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
+        sampled, oldest = conn.execute(text(
+            f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
+            "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
+        return window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "summaries")
 
