@@ -110,7 +110,11 @@ def _items(text: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]], str
             return list(enumerate(wrapped, 1)), [], "item"
     items: list[tuple[int, Any]] = []
     errors: list[tuple[int, str]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSONL lines end at "\n" (a "\r" before it is allowed) and nowhere else: str.splitlines
+    # would also cut at U+2028, U+2029, U+0085 and form feeds, which JSON allows raw inside a
+    # string (other writers leave them unescaped), and the message would be lost.
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -319,12 +323,19 @@ def export_sessions(store: StorePorts, agent: str, session_key: str | None = Non
             yield system_prompt_line(session, prompt)
 
 
+#: Characters other line readers end a line at (Python's str.splitlines, JavaScript's line
+#: terminators) that json.dumps leaves raw; written escaped (inside a JSON string the escape
+#: means the same character, and outside strings JSON never has them).
+_LINE_BREAKERS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
+
+
 def dump_line(line: Mapping[str, Any]) -> str:
-    """One JSONL line: compact and readable (non-ASCII kept), except that a line holding lone
-    surrogates is written fully escaped so the file stays valid UTF-8 and reads back exactly."""
+    """One JSONL line: compact and readable (non-ASCII kept), any line-breaking character
+    escaped so that every reader sees one line, and a line holding lone surrogates written
+    fully escaped so the file stays valid UTF-8 and reads back exactly."""
     text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        text = json.dumps(line, ensure_ascii=True, separators=(",", ":"))
-    return text
+        return json.dumps(line, ensure_ascii=True, separators=(",", ":"))
+    return text.translate(_LINE_BREAKERS)

@@ -212,6 +212,26 @@ def test_plain_messages_need_a_session(lcm, db_url, chat_file):
     assert code == 1 and "--session" in err
 
 
+def test_line_separators_inside_messages_survive_ingest_and_export(lcm, db_url, tmp_path):
+    """Issue 16.3: another tool's JSONL with raw U+2028 / U+2029 / U+0085 inside strings is one
+    message per line; lcm's export escapes them, so every line reader sees one line."""
+    tricky = [{"role": "user", "content": "para\u2028graph\u2029 end\x85 next"},
+              {"role": "assistant", "content": "ok\u2028"}]
+    Store.open(db_url, upgrade=True)  # a PostgreSQL schema is an operator's to upgrade
+    source = tmp_path / "raw.jsonl"
+    source.write_text("".join(json.dumps(m, ensure_ascii=False) + "\n" for m in tricky), encoding="utf-8")
+    assert "\u2028" in source.read_text(encoding="utf-8")  # raw, as other writers leave it
+    done = run_json(lcm, "ingest", str(source), "--url", db_url, "--agent", "seps", "--session", "s",
+                    "--no-compact")
+    assert done["sessions"][0]["added"] == 2
+    out = tmp_path / "out.jsonl"
+    code, _, err = lcm("export", "--url", db_url, "--agent", "seps", "-o", str(out))
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    assert len(text.splitlines()) == 2 and "\u2028" not in text and "\\u2028" in text
+    assert [json.loads(line)["message"] for line in text.splitlines()] == tricky
+
+
 def test_a_failed_export_leaves_no_partial_file(lcm, ingested, tmp_path):
     target = tmp_path / "missing-dir" / "out.jsonl"
     code, _, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(target))
