@@ -23,6 +23,13 @@ from lcm.store import connection as db
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_report_header() -> list[str]:
+    """Say where the Hermes end-to-end tests keep (or will build) their virtualenv."""
+    from tests.support.hermes_host import HERMES_VERSION, venv_dir
+
+    return [f"hermes-agent {HERMES_VERSION} test venv: {venv_dir()} (LCM_HERMES_VENV moves it)"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """lcm's cache (the parsed tokenizer) goes to a temporary folder, not the user's ~/.cache."""

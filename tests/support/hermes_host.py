@@ -2,12 +2,14 @@
 checkout installed, a Hermes home configured by ``lcm hermes install``, and turns driven through
 Hermes' own one-shot CLI (``hermes chat -q ... --resume ID``), one process per turn.
 
-The venv is built once and reused (``.ci/hermes-venv``, or ``LCM_HERMES_VENV``); this checkout
-is installed into it in editable mode, so it always runs the code under test.
+The venv is built once and reused (:func:`venv_dir`: the user's cache, or ``LCM_HERMES_VENV``;
+the test run prints where); this checkout is installed into it in editable mode, so it always
+runs the code under test.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -25,7 +27,16 @@ CONTEXT_LENGTH = 64_000  # the smallest window Hermes 0.19 accepts
 
 
 def venv_dir() -> Path:
-    return Path(os.environ.get("LCM_HERMES_VENV") or REPO_ROOT / ".ci" / f"hermes-venv-{HERMES_VERSION}")
+    """``LCM_HERMES_VENV``, else a folder of the user's cache (``$XDG_CACHE_HOME`` or
+    ``~/.cache``, under ``lcm-test/``), one per checkout: about 280 MB that does not belong in
+    the source tree. (Not ``LCM_CACHE_DIR``: the test session points that at a temporary
+    folder, and the venv must outlive the session.)"""
+    explicit = os.environ.get("LCM_HERMES_VENV", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    root = Path(os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache").expanduser()
+    checkout = hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:8]
+    return root / "lcm-test" / f"hermes-venv-{HERMES_VERSION}-{checkout}"
 
 
 def ensure_venv() -> tuple[Path | None, str]:
