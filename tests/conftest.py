@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
@@ -21,6 +22,21 @@ from lcm.store import Store
 from lcm.store import connection as db
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each skip reason once, with how many tests it skipped (pytest's own ``-rs`` repeats it
+    for every test location: 129 lines of one reason when no PostgreSQL is configured)."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        counts[reason] = counts.get(reason, 0) + 1
+    if counts:
+        terminalreporter.section("skipped, by reason")
+        for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            terminalreporter.line(f"{n} test(s): {reason}")
 
 
 def pytest_report_header() -> list[str]:
