@@ -25,6 +25,7 @@ from lcm.cli.common import (
     url_option,
 )
 from lcm.context.session import ContextSession
+from lcm.errors import ConfigError
 from lcm.transfer import (
     ImportReport,
     SessionPlan,
@@ -184,16 +185,26 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
 @click.option("--session", "session_key", metavar="ID", help="One session; default: all of the agent's.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
               show_default=True, help="File to write (JSONL); - for stdout.")
-def export_command(url: str | None, agent: str, session_key: str | None, output: str) -> None:
-    """Write sessions as JSONL that `lcm ingest` reads back into an identical store."""
+@click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists (keeping its permissions).")
+def export_command(url: str | None, agent: str, session_key: str | None, output: str, force: bool) -> None:
+    """Write sessions as JSONL that `lcm ingest` reads back into an identical store.
+
+    A new file is readable by its owner only (0600): an export holds whole conversations, and
+    conversations hold secrets. An existing file is only replaced with --force, and keeps the
+    permissions it had."""
+    target = Path(output).expanduser()
+    if output != "-" and target.exists() and not force:
+        raise ConfigError(f"{target} exists; pass --force to overwrite it")
     store = open_store(url)
     lines = export_sessions(store, agent, session_key)
     if output == "-":
         for line in lines:
             click.echo(dump_line(line))
         return
-    target = Path(output).expanduser()
+    keep_mode = target.stat().st_mode & 0o777 if target.exists() else None
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
+    if keep_mode is not None:
+        os.chmod(tmp, keep_mode)
     count = prompts = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:

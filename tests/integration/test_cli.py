@@ -232,6 +232,25 @@ def test_line_separators_inside_messages_survive_ingest_and_export(lcm, db_url, 
     assert [json.loads(line)["message"] for line in text.splitlines()] == tricky
 
 
+def test_export_never_overwrites_without_force_and_keeps_the_files_permissions(lcm, ingested, tmp_path):
+    """Issue 17.3: a new export is owner-only (it holds whole conversations); an existing file
+    is refused without --force, and replaced with it keeping the mode it had."""
+    target = tmp_path / "out.jsonl"
+    args = ("export", "--url", ingested, "--agent", "ops", "-o", str(target))
+    code, _, err = lcm(*args)
+    assert code == 0, err
+    assert target.stat().st_mode & 0o777 == 0o600
+    first = target.read_text(encoding="utf-8")
+    target.write_text("keep me\n", encoding="utf-8")
+    target.chmod(0o644)
+    code, _, err = lcm(*args)
+    assert code == 1 and "exists; pass --force" in err and err.startswith("lcm: error:")
+    assert target.read_text(encoding="utf-8") == "keep me\n"  # untouched
+    code, _, err = lcm(*args, "--force")
+    assert code == 0, err
+    assert target.read_text(encoding="utf-8") == first and target.stat().st_mode & 0o777 == 0o644
+
+
 def test_a_failed_export_leaves_no_partial_file(lcm, ingested, tmp_path):
     target = tmp_path / "missing-dir" / "out.jsonl"
     code, _, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(target))
