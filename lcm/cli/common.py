@@ -34,16 +34,22 @@ agent_option = click.option(
     help="Agent scope (a Hermes profile name; $LCM_AGENT_ID).")
 
 
-def open_store(url: str | None, *, create: bool = False) -> Store:
-    """The store at ``url``. Commands that only read refuse a SQLite file that does not exist
-    (a typo in a path must not quietly create an empty database)."""
+def require_existing(url: str | None) -> None:
+    """A command that only reads refuses a SQLite file that does not exist (a typo in a path
+    must not quietly create an empty database)."""
     resolved = db.resolve_url(url)
-    if not create and resolved.get_backend_name() == "sqlite" and resolved.database not in (None, "", ":memory:"):
+    if resolved.get_backend_name() == "sqlite" and resolved.database not in (None, "", ":memory:"):
         path = Path(resolved.database).expanduser()
         if not path.exists():
             raise NotFoundError(f"no lcm database at {path} (lcm demo or lcm ingest creates one; "
                                 "--url or LCM_DATABASE_URL picks another)")
-    return Store.open(resolved)
+
+
+def open_store(url: str | None, *, create: bool = False) -> Store:
+    """The store at ``url`` (see :func:`require_existing` unless ``create``)."""
+    if not create:
+        require_existing(url)
+    return Store.open(db.resolve_url(url))
 
 
 def open_context(url: str | None, agent: str, *, create: bool = False, context_length: int | None = None,

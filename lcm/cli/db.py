@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from lcm.cli.common import emit_json, json_option, say, url_option
+from lcm.cli.common import emit_json, json_option, require_existing, say, url_option
 from lcm.store import connection as dbmod
 from lcm.store import migrations
 
@@ -54,6 +54,7 @@ def downgrade_command(url: str | None, revision: str, yes: bool) -> None:
 @json_option
 def current_command(url: str | None, as_json: bool) -> None:
     """Show the schema revision of the database and whether it is current."""
+    require_existing(url)  # reading a revision must not create the file
     target = dbmod.resolve_url(url)
     state = migrations.state_at(target)
     if as_json:

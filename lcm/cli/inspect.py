@@ -121,6 +121,8 @@ def backup_command(destination: str, url: str | None, as_json: bool, force: bool
         raise ConfigError(f"{target} exists; pass --force to overwrite it")
     if target.is_dir():
         raise ConfigError(f"{target} is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{target.parent} is not a folder; create it first (lcm backup creates no folders)")
     if Path(store.location).resolve() == target.resolve():
         raise ConfigError("the backup cannot overwrite the store itself")
     tmp = target.with_name(f".{target.name}.partial")

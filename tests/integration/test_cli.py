@@ -342,6 +342,22 @@ def test_backup_is_a_consistent_copy(lcm, ingested, tmp_path):
     code, _, err = lcm("backup", str(dest), "--url", ingested)
     assert code == 1 and "--force" in err
     assert lcm("backup", str(dest), "--url", ingested, "--force")[0] == 0
+    nowhere = tmp_path / "no" / "such" / "dir" / "b.db"
+    code, _, err = lcm("backup", str(nowhere), "--url", ingested)  # issue 17.3: no folders created
+    assert code == 1 and "create it first" in err and not (tmp_path / "no").exists()
+
+
+def test_reading_a_schema_revision_creates_no_database(tmp_path):
+    """Issue 17.3: `lcm db current` on a mistyped SQLite path said "(no lcm schema)", exit 0, and
+    left an empty database file behind; read commands on that path then saw an empty store."""
+    typo = tmp_path / "typo.db"
+    line = one_clean_line(subprocess_lcm("db", "current", "--url", f"sqlite:///{typo}"))
+    assert line.startswith("lcm: error: no lcm database at") and str(typo) in line
+    assert not typo.exists()
+    made = tmp_path / "real.db"
+    assert subprocess_lcm("db", "upgrade", "--url", f"sqlite:///{made}").returncode == 0
+    shown = subprocess_lcm("db", "current", "--url", f"sqlite:///{made}", "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "current"
 
 
 # --------------------------------------------------------------------------- failures: one line, no traceback
