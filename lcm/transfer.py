@@ -284,17 +284,19 @@ def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: Tok
 # --------------------------------------------------------------------------- export
 
 
-def export_line(session: SessionRecord, record: MessageRecord) -> dict[str, Any]:
+def _line_head(session: SessionRecord, seq: int, timestamp: float) -> dict[str, Any]:
     return {"session_id": session.session_key, "platform": session.platform,
-            "conversation_id": session.conversation_id, "seq": record.seq,
-            "timestamp": record.ts, "message": record.message}
+            "conversation_id": session.conversation_id, "seq": seq, "timestamp": timestamp}
+
+
+def export_line(session: SessionRecord, record: MessageRecord) -> dict[str, Any]:
+    return {**_line_head(session, record.seq, record.ts), "message": record.message}
 
 
 def system_prompt_line(session: SessionRecord, prompt: SystemPromptRecord) -> dict[str, Any]:
     """A version of the session's system prompt: ``seq`` is the first message it preceded."""
-    return {"session_id": session.session_key, "platform": session.platform,
-            "conversation_id": session.conversation_id, "seq": prompt.first_seq,
-            "timestamp": prompt.created_at, "system_prompt": True, "message": prompt.message}
+    return {**_line_head(session, prompt.first_seq, prompt.created_at), "system_prompt": True,
+            "message": prompt.message}
 
 
 def export_sessions(store: StorePorts, agent: str, session_key: str | None = None) -> Iterator[dict[str, Any]]:

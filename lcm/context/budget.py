@@ -82,6 +82,12 @@ class Window:
         trigger = self.trigger
         return trigger if trigger == NO_TARGET else trigger * self.target_ratio
 
+    @property
+    def target_tokens(self) -> int | None:
+        """:attr:`target` as a token count for people (None while no window is known)."""
+        target = self.target
+        return None if target == NO_TARGET else int(target)
+
     def under_pressure(self, tokens: int) -> bool:
         """The threshold or the assembly cap is reached."""
         cap = self.assembly_cap

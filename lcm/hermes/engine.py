@@ -266,7 +266,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
             "session_id": context.current.session_key if context.current else None,
             "fresh_tail_count": self.config.fresh_tail_count,
             "max_assembly_tokens": context.window.assembly_cap,
-            "compaction_target_tokens": int(context.window.target) if context.window.context_length else None,
+            "compaction_target_tokens": context.window.target_tokens,
             "cache": context.usage.cache_report(),
             "last_compaction": context.last_outcome or (
                 context.current.last_compaction if context.current else None),

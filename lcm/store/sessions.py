@@ -205,13 +205,8 @@ class SessionRepository:
                "token_count": checked_int("token_count", prompt.token_count, low=0),
                "first_seq": checked_int("first_seq", first_seq, low=0),
                "created_at": time.time() if at is None else float(at)}
-        with self._core.write() as conn:
-            before = conn.execute(select(system_prompts_t.c.id).where(
-                system_prompts_t.c.session_id == session_pk, system_prompts_t.c.digest == prompt.digest)).first()
-            if before is not None:
-                return False
-            self._core.backend.insert_ignore(conn, system_prompts_t, [row], ["session_id", "digest"])
-            return True
+        with self._core.write() as conn:  # UNIQUE(session_id, digest): a known version inserts nothing
+            return bool(self._core.backend.insert_rows(conn, system_prompts_t, [row], None, ("id",)))
 
     def system_prompts(self, session_pk: int) -> list[SystemPromptRecord]:
         """Every version of the session's system prompt, in the order they came."""

@@ -35,7 +35,7 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
         "system_prompt": ({"digest": prompts[-1].digest, "token_count": prompts[-1].token_count,
                            "first_seq": prompts[-1].first_seq, "versions": len(prompts)} if prompts else None),
         "context_length": context.window.context_length, "threshold_tokens": context.window.threshold_tokens,
-        "target_tokens": _tokens_or_none(context.window.target),
+        "target_tokens": context.window.target_tokens,
         "last_prompt_tokens": max(context.usage.prompt_tokens, 0),
         "cache": {**context.usage.cache_report(), "ttl_seconds": context.config.cache_ttl_seconds,
                   "cold": context.cache_cold()},
@@ -50,11 +50,6 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
                                if k in last}},
         "last_error": context.last_error,
     }
-
-
-def _tokens_or_none(value: float) -> int | None:
-    """A token limit, or None when no window is known."""
-    return None if value == float("inf") else int(value)
 
 
 def doctor(context: ContextSession, args: Parsed) -> dict[str, Any]:
