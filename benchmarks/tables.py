@@ -160,8 +160,12 @@ def recall(results: list[dict[str, Any]]) -> list[TableSpec]:
             f"{r['questions']} questions (recall@5 / recall@10)",
             ["mode", *(f"{k} ({r['rows'][0]['classes'][k]['questions']})" for k in classes), "p50 ms", "p95 ms"],
             left=frozenset({"mode"}),
-            notes=["full_text: lcm_grep as shipped (every word, then any content word); all_words: every word "
-                   "required (lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"])
+            notes=["full_text: lcm_grep with mode=full_text (every word, then any content word by BM25); "
+                   "semantic: nearest vectors of the bundled local model (extra: semantic); hybrid: both "
+                   "fused by reciprocal rank (the default with embeddings on); all_words: every word required "
+                   "(lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"
+                   + (f"; embedding the {r['messages']:,} messages (lcm embed) took {r['embed_s']:.1f} s "
+                      f"({r['messages'] / r['embed_s']:,.0f} messages/s)" if r.get("embed_s") else "")])
         for row in r["rows"]:
             c = row["classes"]
             spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in classes),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 
@@ -24,6 +25,9 @@ def main() -> None:
     phase, backend, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     if phase not in PHASES:
         raise SystemExit(f"unknown phase {phase!r}: one of {', '.join(PHASES)}")
+    # Embeddings are measured by the recall phase (which turns them on itself); the other
+    # phases measure storage, as before embeddings existed, whatever extras are installed.
+    os.environ.setdefault("LCM_EMBEDDINGS", "off")
     run = importlib.import_module(f"benchmarks.{phase}").run
     url, cleanup = backend_url(backend)
     started = time.perf_counter()

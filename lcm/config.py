@@ -23,6 +23,9 @@ from typing import Any
 from lcm.errors import ConfigError
 
 SUMMARIZER_CHOICES = ("auto", "llm", "extractive")
+#: LCM_EMBEDDINGS: no vectors, the bundled local model (the ``[semantic]`` extra), or an
+#: OpenAI-compatible ``/v1/embeddings`` endpoint.
+EMBEDDING_CHOICES = ("off", "local", "openai")
 #: Where a triggered compaction brings the context (a fraction of the window), unless
 #: LCM_COMPACTION_TARGET says otherwise. Chosen from the cache benchmark (docs/benchmarks.md):
 #: against Hermes' own compressor on the same transcript, 0.25 costs 0.93-0.97x on a 64k and a
@@ -70,6 +73,15 @@ def _text(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
+def _choice_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return value
+    return parse
+
+
 def _models(name: str, raw: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in raw.split(",") if m.strip())
 
@@ -107,6 +119,12 @@ class LcmConfig:
     expansion_context_tokens: int = _spec(32_000, "LCM_EXPANSION_CONTEXT_TOKENS", _int(256), "evidence budget of lcm_expand_query")
     compaction_target: float | None = _spec(None, "LCM_COMPACTION_TARGET", lambda n, r: _parse_float(n, r, 0.0, 1.0), "fraction of the window a triggered compaction brings the context down to (below the threshold; default 0.5, or two thirds of a lower threshold)")
     cache_ttl_seconds: int = _spec(300, "LCM_CACHE_TTL_SECONDS", _int(0, 86_400), "idle time after which the provider's prompt cache is taken to be cold (0: never)")
+    embeddings: str | None = _spec(None, "LCM_EMBEDDINGS", _choice_of(EMBEDDING_CHOICES), "off, local or openai: vectors for semantic and hybrid search (default: local when the [semantic] extra is installed, else off)")
+    embedding_base_url: str | None = _spec(None, "LCM_EMBEDDING_BASE_URL", _text, "OpenAI-compatible endpoint for embeddings (LCM_EMBEDDINGS=openai)")
+    embedding_model: str | None = _spec(None, "LCM_EMBEDDING_MODEL", _text, "embedding model name at that endpoint")
+    embedding_api_key: str | None = _spec(None, "LCM_EMBEDDING_API_KEY", _text, "key for that endpoint")
+    embedding_dimensions: int = _spec(0, "LCM_EMBEDDING_DIMENSIONS", _int(0, 16_384), "dimensions asked of the endpoint (0: the model's own)")
+    embedding_timeout_ms: int = _spec(10_000, "LCM_EMBEDDING_TIMEOUT_MS", _int(100, 600_000), "timeout of one embedding call (a search's query waits at most a fifth of it)")
     # Extensions beyond the contract (documented in docs/engine.md):
     leaf_target_tokens: int = _spec(1_200, "LCM_LEAF_TARGET_TOKENS", _int(50), "size a leaf summary aims for")
     condensed_target_tokens: int = _spec(1_600, "LCM_CONDENSED_TARGET_TOKENS", _int(50), "size a condensed summary aims for")
@@ -131,6 +149,9 @@ class LcmConfig:
             raise ConfigError(f"LCM_COMPACTION_TARGET must be below LCM_CONTEXT_THRESHOLD "
                              f"({self.context_threshold}), got {self.compaction_target}: a compaction "
                              "starts at the threshold and brings the context down to the target")
+        if self.embeddings == "openai" and not (self.embedding_base_url and self.embedding_model):
+            raise ConfigError("LCM_EMBEDDINGS=openai needs LCM_EMBEDDING_BASE_URL (e.g. https://api.openai.com/v1) "
+                              "and LCM_EMBEDDING_MODEL (e.g. text-embedding-3-small)")
 
     @property
     def target_fraction(self) -> float:
@@ -139,6 +160,21 @@ class LcmConfig:
         if self.compaction_target is not None:
             return self.compaction_target
         return min(DEFAULT_COMPACTION_TARGET, self.context_threshold * 2 / 3)
+
+    @property
+    def embeddings_mode(self) -> str:
+        """LCM_EMBEDDINGS (this config's, else the process environment's), else ``local`` when
+        the ``[semantic]`` extra is installed, else ``off`` (looked up without importing it)."""
+        if self.embeddings is not None:
+            return self.embeddings
+        raw = os.environ.get("LCM_EMBEDDINGS", "").strip()
+        if raw:  # a config made in code, in a process that says what it wants
+            try:
+                return _choice_of(EMBEDDING_CHOICES)("LCM_EMBEDDINGS", raw)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        from importlib.util import find_spec
+        return "local" if find_spec("wordllama") is not None and find_spec("numpy") is not None else "off"
 
     @property
     def leaf_target(self) -> int:
@@ -154,7 +190,7 @@ class LcmConfig:
         rows = []
         for f in fields(self):
             value = getattr(self, f.name)
-            shown = "***" if f.name == "summary_api_key" and value else (
+            shown = "***" if f.name in ("summary_api_key", "embedding_api_key") and value else (
                 ",".join(value) if isinstance(value, tuple) else str(value))
             rows.append((f.metadata["env"], shown, f.metadata["doc"]))
         return rows

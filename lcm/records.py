@@ -234,3 +234,43 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedItem:
+    """A message or summary waiting for its vector: its scope and the text to embed."""
+
+    kind: Literal["message", "summary"]
+    id: int
+    agent_pk: int
+    session_pk: int
+    role: str | None
+    ts: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class VectorCoverage:
+    """How much of a store (or of one agent) has vectors of ``model``."""
+
+    model: str | None
+    messages: int
+    messages_embedded: int
+    summaries: int
+    summaries_embedded: int
+    #: Vectors of other models (an earlier embedder), by model: never searched.
+    other_models: dict[str, int]
+
+    @property
+    def pending(self) -> int:
+        return self.messages - self.messages_embedded + self.summaries - self.summaries_embedded
+
+    @property
+    def share(self) -> float:
+        total = self.messages + self.summaries
+        return round((self.messages_embedded + self.summaries_embedded) / total, 4) if total else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "messages": self.messages, "messages_embedded": self.messages_embedded,
+                "summaries": self.summaries, "summaries_embedded": self.summaries_embedded,
+                "pending": self.pending, "coverage": self.share, "other_models": dict(self.other_models)}

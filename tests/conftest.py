@@ -23,6 +23,11 @@ from lcm.store import connection as db
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Embeddings are off unless a test turns them on (tests/integration/test_embeddings.py and the
+# store's vector tests do): a background indexer thread writing into every test's database would
+# make the other tests' row counts and timings depend on it. Subprocesses inherit this.
+os.environ["LCM_EMBEDDINGS"] = "off"
+
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Each skip reason once, with how many tests it skipped (pytest's own ``-rs`` repeats it

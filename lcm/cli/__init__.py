@@ -1,6 +1,6 @@
 """The ``lcm`` command line: one module per concern — ``demo``; ``transfer`` (ingest, export);
 ``recall`` (sessions, grep, describe, expand, load: the agent tools for people); ``inspect``
-(status, doctor, backup); ``db`` (migrations).
+(status, doctor, backup); ``embed`` (vectors for semantic search); ``db`` (migrations).
 
 Every command takes ``--url`` (or ``LCM_DATABASE_URL``) and ``--json``. Failures print one
 line to stderr and exit non-zero; a traceback is a bug.
@@ -15,6 +15,7 @@ import click
 from lcm.cli.common import run_guarded
 from lcm.cli.db import db_group
 from lcm.cli.demo import demo_command
+from lcm.cli.embed import embed_command
 from lcm.cli.hermes import hermes_group
 from lcm.cli.inspect import backup_command, doctor_command, status_command
 from lcm.cli.recall import describe_command, expand_command, grep_command, load_command, sessions_command
@@ -29,7 +30,7 @@ def cli() -> None:
 
 for command in (demo_command, ingest_command, export_command, sessions_command, status_command,
                 grep_command, describe_command, expand_command, load_command, doctor_command,
-                backup_command, db_group, hermes_group):
+                backup_command, embed_command, db_group, hermes_group):
     cli.add_command(command)
 
 

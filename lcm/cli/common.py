@@ -62,7 +62,9 @@ def open_context(url: str | None, agent: str, *, create: bool = False, context_l
 def context_on(store: Store, agent: str, *, context_length: int | None = None, **settings: Any) -> ContextSession:
     """A context session of ``agent`` on an open store (see :func:`open_context`)."""
     config = LcmConfig.from_env(agent_id=agent, **settings)
-    return ContextSession(config, store, agent_id=agent, context_length=context_length or 0)
+    # A command is over in seconds: what it stores is embedded before it exits, not by a thread.
+    return ContextSession(config, store, agent_id=agent, context_length=context_length or 0,
+                          background_embedding=False)
 
 
 def latest_session_key(store: StorePorts, agent: str) -> str:

@@ -131,12 +131,13 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
 @click.option("--until", "time_to", metavar="TIME", help="Unix seconds or ISO-8601 with a zone.")
 @click.option("--source", help="Only sessions of this platform (cli, telegram, ...).")
 @click.option("--sort", type=click.Choice(["recency", "relevance", "hybrid"]), default="recency", show_default=True)
-@click.option("--mode", type=click.Choice(["full_text", "semantic", "hybrid"]), default="full_text",
-              show_default=True, help="Words, meaning (needs embeddings), or both.")
+@click.option("--mode", type=click.Choice(["full_text", "semantic", "hybrid"]), default=None,
+              help="Words, meaning (needs embeddings), or both fused; default: hybrid when embeddings "
+                   "are on (LCM_EMBEDDINGS), else full_text.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Hits (at most 200).")
 def grep_command(query: str, url: str | None, agent: str, as_json: bool, session_key: str | None,
                  role: str | None, time_from: str | None, time_to: str | None, source: str | None,
-                 sort: str, mode: str, limit: int) -> None:
+                 sort: str, mode: str | None, limit: int) -> None:
     """Search stored messages and summaries (the lcm_grep tool): every word first, then any of
     the content words, best first."""
     context = open_context(url, agent)
@@ -154,8 +155,10 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, session
     if res.get("degraded"):
         say(f"note: {res['degraded_reason']}")
     some = sum(h.get("match") == "any" for h in res["results"])
+    near = sum(h.get("match") == "semantic" for h in res["results"])
     say(f"{res['total_results']} hit(s) for {query!r}"
         + (f" ({some} with only some of its words)" if some else "")
+        + (f" ({near} by meaning alone)" if near else "")
         + (" (only the newest matches were ranked)" if res.get("candidates_clamped") else ""))
     for hit in res["results"]:
         ref = f"msg:{hit['store_id']}" if hit["type"] == "message" else f"node:{hit['node_id']}"

@@ -24,6 +24,7 @@ from lcm.cli.common import (
     stdout,
     url_option,
 )
+from lcm.context.embed import backfill
 from lcm.context.session import ContextSession
 from lcm.errors import ConfigError
 from lcm.transfer import (
@@ -106,6 +107,12 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
             reports.append(report)
             if on_session is not None:
                 on_session(plan)
+        embedder = context.embedder
+        if embedder is not None and any(r.added for r in reports):
+            # What `lcm embed` does, for what was just stored (and anything missed before).
+            if progress is not None:
+                progress.update(task, description=f"embedding with {embedder.model}")
+            backfill(context.store.vectors, embedder, agent=context.agent_id)
     return reports, outcomes
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lcm.prepare import PreparedMessage, PreparedSystemPrompt
 from lcm.records import (
@@ -22,6 +22,7 @@ from lcm.records import (
     CheckResult,
     CompactionView,
     DepthStats,
+    EmbedItem,
     MessageMeta,
     MessageRecord,
     NewSummary,
@@ -30,8 +31,12 @@ from lcm.records import (
     SortMode,
     SummaryRecord,
     SystemPromptRecord,
+    VectorCoverage,
     WrittenSummary,
 )
+
+if TYPE_CHECKING:
+    from lcm.vectors import Matrix
 
 
 class FamilyPort(Protocol):
@@ -113,6 +118,23 @@ class SearchPort(Protocol):
                   time_to: float | None = None, any_words: bool = False) -> SearchResult: ...
 
 
+    def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
+                         session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
+                         time_from: float | None = None, time_to: float | None = None,
+                         limit: int = 10) -> SearchResult: ...
+    def similar_summaries(self, query: str, vector: Matrix, *, model: str, agent: str,
+                          session_pk: int | None = None, node_ids: Collection[int] = (),
+                          limit: int = 10) -> SearchResult: ...
+
+
+class VectorPort(Protocol):
+    def pending(self, model: str, *, kind: Literal["message", "summary"], agent: str | None = None,
+                after_id: int = 0, limit: int = 256) -> list[EmbedItem]: ...
+    def put(self, model: str, items: Sequence[EmbedItem], vectors: Matrix) -> int: ...
+    def prune(self, model: str, *, agent: str | None = None) -> int: ...
+    def coverage(self, model: str | None, *, agent: str | None = None) -> VectorCoverage: ...
+
+
 class HealthPort(Protocol):
     def checks(self, *, deep: bool = False) -> list[CheckResult]: ...
 
@@ -128,6 +150,8 @@ class StorePorts(Protocol):
     def summaries(self) -> SummaryPort: ...
     @property
     def search(self) -> SearchPort: ...
+    @property
+    def vectors(self) -> VectorPort: ...
     @property
     def health(self) -> HealthPort: ...
     @property

@@ -27,6 +27,7 @@ from lcm.config import LcmConfig
 from lcm.context.assembly import Assembly, assemble, load_raw
 from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_config
 from lcm.context.compactor import CompactionResult, Compactor
+from lcm.context.embed import BackgroundIndexer, Embedder, embedder_for
 from lcm.context.ingest import Ingestor, IngestResult, message_key
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
@@ -141,7 +142,8 @@ class ContextSession:
                  summarizer: Summarizer | None = None, tokens: TokenCounter | None = None,
                  host_route: HostRoute | None = None, agent_id: str | None = None,
                  context_length: int = 0, model: str | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, embedder: Embedder | None = None,
+                 background_embedding: bool = True):
         if store is None and open_store is None:
             raise ValueError("a ContextSession needs a store or a way to open one (open_store)")
         self.config = config
@@ -161,6 +163,14 @@ class ContextSession:
         self._store = store
         self._open_store = open_store
         self._summarizer = summarizer
+        #: The embedder (None: LCM_EMBEDDINGS off), made on first use unless given; its
+        #: background indexer embeds what each turn stored.
+        self._embedder: Embedder | None = embedder
+        self._embedder_made = embedder is not None
+        self._indexer: BackgroundIndexer | None = None
+        #: False for short-lived processes (the command line), which embed in the foreground
+        #: when they are done (``lcm.context.embed.backfill``) instead of leaving a thread behind.
+        self.background_embedding = background_embedding
         #: The host's own LLM route for summaries (taken when the summarizer is first made).
         self.host_route = host_route
         self._tokens = tokens
@@ -189,7 +199,8 @@ class ContextSession:
         session state."""
         twin = ContextSession(self.config, self._store, open_store=open_store or self._open_store,
                               tokens=self._tokens, host_route=self.host_route,
-                              agent_id=self.agent_id, model=self.model, clock=self.clock)
+                              agent_id=self.agent_id, model=self.model, clock=self.clock,
+                              embedder=self._embedder, background_embedding=self.background_embedding)
         twin.window = copy.copy(self.window)
         return twin
 
@@ -217,6 +228,27 @@ class ContextSession:
         if self._summarizer is None:
             self._summarizer = Summarizer(self.config, self.tokens, host_route=self.host_route)
         return self._summarizer
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """What turns text into vectors (LCM_EMBEDDINGS), or None when embeddings are off."""
+        if not self._embedder_made:
+            self._embedder = embedder_for(self.config)
+            self._embedder_made = True
+        return self._embedder
+
+    @property
+    def indexer(self) -> BackgroundIndexer | None:
+        """The background indexer of this agent's vectors (None when embeddings are off)."""
+        if self._indexer is None and self.embedder is not None:
+            self._indexer = BackgroundIndexer(self.store.vectors, self.embedder, self.agent_id)
+        return self._indexer
+
+    def embed_soon(self) -> None:
+        """Rows were committed: have the background indexer embed them (never waits)."""
+        indexer = self.indexer if self.background_embedding else None
+        if indexer is not None:
+            indexer.notify()
 
     @property
     def own_messages(self) -> OwnMessages:
@@ -344,12 +376,16 @@ class ContextSession:
         result = self.ingestor.ingest(self.session.id, messages)
         self.current = result.session
         self._keep_system(result)
+        if result.added:
+            self.embed_soon()
         return result
 
     def ingest_into(self, session: SessionRecord, messages: Sequence[Any]) -> IngestResult:
         """Store a transcript in another session of the agent (one the host says has ended)."""
         result = self.ingestor.ingest(session.id, messages)
         self._keep_system(result)
+        if result.added:
+            self.embed_soon()
         return result
 
     def keep_system_prompt(self, system: Mapping[str, Any]) -> None:
@@ -515,6 +551,7 @@ class ContextSession:
                                   force=force, focus=focus, cause=cause or "")
         self._trigger_seen = window.trigger
         if done.outcome.passes:
+            self.embed_soon()  # the new summaries
             self.last_request_at = None  # the next request writes the cache afresh anyway
         return done
 

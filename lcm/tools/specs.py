@@ -33,12 +33,14 @@ SPECS: dict[str, tuple[str, list[Arg]]] = {
         "Search this conversation's full history, including everything compacted out of the "
         "prompt: raw messages and summaries. Ask in plain words or exact terms: hits with every "
         "word come first (match: all), then hits with some of the content words, best first "
-        "(match: any). \"quoted phrases\", prefix*, OR and -exclusion work. Each hit has the "
+        "(match: any); with embeddings on, hits close in meaning are fused in (match: semantic). "
+        "\"quoted phrases\", prefix*, OR and -exclusion work. Each hit has the "
         "store_id or node_id to open with lcm_expand.",
         [Arg("query", "string", required=True, description="Words to find, or a question."),
-         Arg("mode", "string", default="full_text", choices=SEARCH_MODES,
-             description="full_text (words), semantic (meaning) or hybrid (both). semantic and hybrid "
-                         "need embeddings; without them the search is full_text and says degraded."),
+         Arg("mode", "string", choices=SEARCH_MODES,
+             description="full_text (words), semantic (meaning) or hybrid (both, fused). Default: hybrid "
+                         "when embeddings are on, else full_text; without embeddings the search is "
+                         "full_text and says degraded."),
          Arg("limit", "integer", default=10, minimum=1, cap=GREP_LIMIT_CAP, description="Hits to return."),
          Arg("sort", "string", default="recency", choices=SORT_MODES,
              description="recency (newest first), relevance (best match among the newest matches), or hybrid."),

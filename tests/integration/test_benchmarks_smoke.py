@@ -51,9 +51,12 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
             assert lcm["reported_cache_read_share"] > 0  # lcm read the cache counters of the usage
     for r in results["recall"]:  # questions in plain words: lcm_grep finds answers all-words search cannot
         modes = {row["mode"]: row["classes"]["all"] for row in r["rows"]}
-        assert r["questions"] >= 300 and set(modes) == {"full_text", "all_words", "bm25s"}
+        assert r["questions"] >= 300 and set(modes) == {"full_text", "semantic", "hybrid", "all_words", "bm25s"}
         assert modes["full_text"]["recall@10"] > modes["all_words"]["recall@10"]
         assert modes["full_text"]["recall@10"] > 0.5 * modes["bm25s"]["recall@10"] > 0
+        # Meaning finds what the words cannot (the paraphrased questions); fusion keeps most of it.
+        assert modes["semantic"]["recall@10"] > modes["full_text"]["recall@10"]
+        assert modes["hybrid"]["recall@10"] > modes["full_text"]["recall@10"]
 
     # The same results as Markdown (how docs/benchmarks.md gets its tables).
     report = subprocess.run([sys.executable, "-m", "benchmarks.report", str(out)], cwd=REPO_ROOT,

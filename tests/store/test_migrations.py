@@ -143,7 +143,8 @@ def write_at_0006(conn) -> None:
 
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
            "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
-           "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006}
+           "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006,
+           "0007_stemmed_search": write_at_0006}  # 0007 added an index only: the same rows
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -172,6 +173,15 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     [first, *_] = store.search.messages("which marmot deployments were questioned", agent="old-agent",
                                         any_words=True).hits
     assert first.match == "any" and first.role == "user" and "**deployment**" in first.snippet
+    # 0008: old rows have no vector yet; given one, they are found by it.
+    stored = store.messages.get_range(session.id)
+    pending = store.vectors.pending("test:old", kind="message", agent="old-agent")
+    assert {p.id for p in pending} >= {m.store_id for m in stored}
+    import numpy as np
+    vectors = np.eye(len(pending), dtype=np.float32)
+    assert store.vectors.put("test:old", pending, vectors) == len(pending)
+    [near] = store.search.similar_messages("q", vectors[:1], model="test:old", agent="old-agent", limit=1).hits
+    assert near.id == pending[0].id and near.match == "semantic"
     bad = [c for c in store.health.checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad
@@ -199,10 +209,11 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     engine.dispose()
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
-    verify_old_data(store, prompts_kept=1 if revision == "0006_system_prompts" else 0)
-    if revision in ("0005_writers_and_forks", "0006_system_prompts"):
+    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search")
+    verify_old_data(store, prompts_kept=1 if kept_prompts else 0)
+    if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
-    if revision == "0006_system_prompts":
+    if kept_prompts:
         assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST
 
 

@@ -178,3 +178,25 @@ class ScriptedLLM:
                 content = msg.get("content")
                 return content if isinstance(content, str) else json.dumps(content)
         return ""
+
+
+def word_vector(text: str, dims: int = 64) -> list[float]:
+    """A deterministic bag-of-words vector (each lower-cased word hashed to a dimension): texts
+    sharing words point the same way. What the scripted embeddings endpoint answers."""
+    import hashlib
+
+    out = [0.0] * dims
+    for word in "".join(c.lower() if c.isalnum() else " " for c in text).split():
+        out[int(hashlib.sha256(word.encode()).hexdigest(), 16) % dims] += 1.0
+    return out
+
+
+def embeddings(body: dict[str, Any], dims: int = 64) -> Reply:
+    """An OpenAI ``/v1/embeddings`` answer for the request ``body`` (listed out of order, as
+    the API allows: clients must sort by ``index``)."""
+    inputs = body.get("input")
+    texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
+    size = int(body.get("dimensions") or dims)
+    data = [{"object": "embedding", "index": i, "embedding": word_vector(t, size)} for i, t in enumerate(texts)]
+    return Reply(200, {"object": "list", "data": list(reversed(data)), "model": body.get("model"),
+                       "usage": {"prompt_tokens": 0, "total_tokens": 0}})

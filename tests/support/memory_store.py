@@ -38,6 +38,7 @@ from lcm.records import (
     CheckResult,
     CompactionView,
     DepthStats,
+    EmbedItem,
     MessageMeta,
     MessageRecord,
     NewSummary,
@@ -46,6 +47,7 @@ from lcm.records import (
     SessionRecord,
     SummaryRecord,
     SystemPromptRecord,
+    VectorCoverage,
     WrittenSummary,
 )
 from lcm.textindex import Query, Term, make_snippet, parse_query, tokenize
@@ -90,6 +92,8 @@ class _Data:
     carried: dict[int, list[int]] = field(default_factory=dict)
     generated: dict[tuple[int, str], str | None] = field(default_factory=dict)
     system_prompts: dict[int, list[SystemPromptRecord]] = field(default_factory=dict)
+    #: (kind, item id, model) -> (agent pk, unit vector)
+    vectors: dict[tuple[str, int, str], tuple[int, Any]] = field(default_factory=dict)
 
     def agent(self, name: str, *, create: bool) -> int | None:
         if name not in self.agents and create:
@@ -575,6 +579,108 @@ class MemorySearch(_Part):
         return self._search(query, limit, any_words, rows)
 
 
+    def similar_messages(self, query: str, vector: Any, *, model: str, agent: str, session_pk: int | None = None,
+                         roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
+                         time_to: float | None = None, limit: int = 10) -> SearchResult:
+        agent_pk = self._data.agent(agent, create=False)
+        rows = {r.store_id: r for r in self._data.rows.values()
+                if r.agent_pk == agent_pk and (session_pk is None or r.session_pk == session_pk)
+                and (not roles or r.role in roles) and (time_from is None or r.ts >= time_from)
+                and (time_to is None or r.ts <= time_to)
+                and (platform is None or self._data.sessions[r.session_pk].platform == platform)}
+        parsed = parse_query(query)
+        return SearchResult(hits=[
+            SearchHit(kind="message", id=i, session_pk=rows[i].session_pk, ts=rows[i].ts, role=rows[i].role,
+                      session_key=self._data.sessions[rows[i].session_pk].session_key, score=score,
+                      snippet=make_snippet(rows[i].index_text, parsed, loose=True), match="semantic")
+            for i, score in self._nearest("message", set(rows), model, vector, limit)])
+
+    def similar_summaries(self, query: str, vector: Any, *, model: str, agent: str, session_pk: int | None = None,
+                          node_ids: Collection[int] = (), limit: int = 10) -> SearchResult:
+        nodes = {s.id: s for s in self._data.summaries.values()
+                 if self._data.sessions[s.session_pk].agent == agent
+                 and (session_pk is None or s.session_pk == session_pk or s.id in node_ids)}
+        parsed = parse_query(query)
+        return SearchResult(hits=[
+            SearchHit(kind="summary", id=i, session_pk=nodes[i].session_pk, ts=nodes[i].latest_at,
+                      session_key=self._data.sessions[nodes[i].session_pk].session_key, depth=nodes[i].depth,
+                      score=score, snippet=make_snippet(nodes[i].content, parsed, loose=True), match="semantic")
+            for i, score in self._nearest("summary", set(nodes), model, vector, limit)])
+
+    def _nearest(self, kind: str, allowed: set[int], model: str, vector: Any, limit: int) -> list[tuple[int, float]]:
+        """Exact cosine over every allowed item with a vector of ``model`` (vectors are unit length)."""
+        query = [float(x) for x in vector.reshape(-1)]
+        scored = [(sum(a * b for a, b in zip(v, query, strict=False)), item)
+                  for (k, item, m), (_, v) in self._data.vectors.items()
+                  if k == kind and m == model and item in allowed and len(v) == len(query)]
+        scored.sort(key=lambda x: (-x[0], -x[1]))
+        return [(item, round(score, 6)) for score, item in scored[:limit]]
+
+
+class MemoryVectors(_Part):
+    """Vectors by (kind, item, model); what the real store keeps in ``lcm_vectors``."""
+
+    def _items(self, kind: str, agent_pk: int | None) -> list[EmbedItem]:
+        if kind == "message":
+            return [EmbedItem(kind="message", id=r.store_id, agent_pk=r.agent_pk, session_pk=r.session_pk,
+                              role=r.role, ts=r.ts, text=r.index_text or "")
+                    for r in sorted(self._data.rows.values(), key=lambda r: r.store_id)
+                    if agent_pk is None or r.agent_pk == agent_pk]
+        out = []
+        for s in sorted(self._data.summaries.values(), key=lambda s: s.id):
+            pk = self._data.agents[self._data.sessions[s.session_pk].agent]
+            if agent_pk is None or pk == agent_pk:
+                out.append(EmbedItem(kind="summary", id=s.id, agent_pk=pk, session_pk=s.session_pk, role=None,
+                                     ts=s.latest_at, text=s.content))
+        return out
+
+    def _agent_pk(self, agent: str | None) -> int | None:
+        return None if agent is None else self._data.agent(agent, create=False) or -1
+
+    def pending(self, model: str, *, kind: str, agent: str | None = None, after_id: int = 0,
+                limit: int = 256) -> list[EmbedItem]:
+        with self._data.lock:
+            return [it for it in self._items(kind, self._agent_pk(agent))
+                    if it.id > after_id and (kind, it.id, model) not in self._data.vectors][:limit]
+
+    def put(self, model: str, items: Sequence[EmbedItem], vectors: Any) -> int:
+        if len(items) != len(vectors):
+            raise ValueError(f"{len(items)} items but {len(vectors)} vectors")
+        written = 0
+        with self._data.lock:
+            for item, vector in zip(items, vectors, strict=True):
+                key = (item.kind, item.id, model)
+                alive = item.id in (self._data.rows if item.kind == "message" else self._data.summaries)
+                if alive and key not in self._data.vectors:
+                    self._data.vectors[key] = (item.agent_pk, [float(x) for x in vector])
+                    written += 1
+        return written
+
+    def prune(self, model: str, *, agent: str | None = None) -> int:
+        agent_pk = self._agent_pk(agent)
+        with self._data.lock:
+            gone = [k for k, (pk, _) in self._data.vectors.items()
+                    if k[2] != model and (agent_pk is None or pk == agent_pk)]
+            for k in gone:
+                del self._data.vectors[k]
+        return len(gone)
+
+    def coverage(self, model: str | None, *, agent: str | None = None) -> VectorCoverage:
+        agent_pk = self._agent_pk(agent)
+        with self._data.lock:
+            mine = [k for k, (pk, _) in self._data.vectors.items() if agent_pk is None or pk == agent_pk]
+            others: dict[str, int] = {}
+            for k in mine:
+                if k[2] != model:
+                    others[k[2]] = others.get(k[2], 0) + 1
+            return VectorCoverage(
+                model=model, messages=len(self._items("message", agent_pk)),
+                messages_embedded=sum(k[0] == "message" and k[2] == model for k in mine),
+                summaries=len(self._items("summary", agent_pk)),
+                summaries_embedded=sum(k[0] == "summary" and k[2] == model for k in mine),
+                other_models=dict(sorted(others.items())))
+
+
 class MemoryHealth(_Part):
     """The invariants the real doctor checks that a memory store can break at all."""
 
@@ -609,4 +715,5 @@ class MemoryStore:
         self.messages = MemoryMessages(self.data)
         self.summaries = MemorySummaries(self.data)
         self.search = MemorySearch(self.data)
+        self.vectors = MemoryVectors(self.data)
         self.health = MemoryHealth(self.data)

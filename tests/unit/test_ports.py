@@ -15,6 +15,7 @@ from lcm.store.messages import MessageRepository
 from lcm.store.search import SearchRepository
 from lcm.store.sessions import SessionRepository
 from lcm.store.summaries import SummaryRepository
+from lcm.store.vectors import VectorRepository
 from tests.support import memory_store as memory
 
 PAIRS = [
@@ -23,6 +24,7 @@ PAIRS = [
     (ports.MessagePort, MessageRepository, memory.MemoryMessages),
     (ports.SummaryPort, SummaryRepository, memory.MemorySummaries),
     (ports.SearchPort, SearchRepository, memory.MemorySearch),
+    (ports.VectorPort, VectorRepository, memory.MemoryVectors),
     (ports.HealthPort, HealthRepository, memory.MemoryHealth),
 ]
 

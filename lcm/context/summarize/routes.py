@@ -49,6 +49,30 @@ def bounded_call(fn: Callable[[], T], timeout: float, what: str) -> T:
         raise RouteError("timeout", f"{what}: no complete answer within {timeout:.1f} s") from None
 
 
+def post_json(url: str, body: dict[str, Any], headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+    """POST ``body`` as JSON: the response's status and body, read in chunks against the call's
+    deadline and refused past ``MAX_RESPONSE_BYTES`` (RouteError timeout, http or network)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
+            for chunk in resp.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise RouteError("http", f"the answer is larger than {MAX_RESPONSE_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise RouteError("timeout", f"no complete answer within {timeout:.1f} s")
+            return resp.status_code, b"".join(chunks)
+    except httpx.TimeoutException as exc:
+        raise RouteError("timeout", f"no answer within {timeout:.1f} s") from exc
+    except httpx.HTTPError as exc:
+        raise RouteError("network", f"{type(exc).__name__}: {exc}") from exc
+
+
 class RouteError(Exception):
     """A route failed: ``kind`` is auth, timeout, http, network, empty or config."""
 
@@ -105,27 +129,7 @@ class OpenAICompatibleRoute:
 
 
     def _post(self, body: dict[str, Any], headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
-        """The response's status and body, read in chunks against the call's deadline."""
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with httpx.stream("POST", f"{self.base_url}/chat/completions", json=body,
-                              headers=headers, timeout=timeout) as resp:
-                for chunk in resp.iter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        raise RouteError("http", f"the answer is larger than {MAX_RESPONSE_BYTES} bytes")
-                    if time.monotonic() > deadline:
-                        raise RouteError("timeout", f"no complete answer within {timeout:.1f} s")
-                return resp.status_code, b"".join(chunks)
-        except httpx.TimeoutException as exc:
-            raise RouteError("timeout", f"no answer within {timeout:.1f} s") from exc
-        except httpx.HTTPError as exc:
-            raise RouteError("network", f"{type(exc).__name__}: {exc}") from exc
+        return post_json(f"{self.base_url}/chat/completions", body, headers, timeout)
 
 
 @dataclass

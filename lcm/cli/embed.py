@@ -1,0 +1,88 @@
+"""``lcm embed``: give every stored message and summary its vector (semantic and hybrid search).
+
+A running engine embeds new rows in the background; this command fills in a store that was
+imported, written with embeddings off, or embedded by another model. The database is the
+queue: interrupted, it resumes where it stopped; run again, it embeds nothing twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from lcm.cli.common import emit_json, json_option, open_store, say, stderr, url_option
+from lcm.config import LcmConfig
+from lcm.context.embed import backfill, embedder_for
+from lcm.errors import ConfigError
+
+#: Outside a terminal, a progress line at most this often (seconds).
+LINE_EVERY = 5.0
+
+
+class _Lines:
+    """Progress for a stderr that is not a terminal: a line every ``LINE_EVERY`` seconds."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.shown = total, 0, time.monotonic()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if time.monotonic() - self.shown >= LINE_EVERY:
+            self.shown = time.monotonic()
+            stderr.print(f"embed: {self.done}/{self.total}", markup=False)
+
+
+@click.command("embed")
+@url_option
+@click.option("--agent", default=None, metavar="NAME", help="Only this agent's rows (default: every agent).")
+@json_option
+@click.option("--batch", default=256, show_default=True, type=click.IntRange(1, 5000),
+              help="Rows embedded and written per transaction.")
+@click.option("--prune", is_flag=True, help="Then delete the vectors of other (earlier) embedding models.")
+def embed_command(url: str | None, agent: str | None, as_json: bool, batch: int, prune: bool) -> None:
+    """Embed every message and summary that has no vector of the configured model yet
+    (LCM_EMBEDDINGS; resumable, idempotent)."""
+    config = LcmConfig.from_env()
+    embedder = embedder_for(config)
+    if embedder is None:
+        raise ConfigError("embeddings are off: set LCM_EMBEDDINGS=local (pip install "
+                          "'lossless-context[semantic]') or LCM_EMBEDDINGS=openai with LCM_EMBEDDING_BASE_URL "
+                          "and LCM_EMBEDDING_MODEL")
+    store = open_store(url)
+    before = store.vectors.coverage(embedder.model, agent=agent)
+    started = time.perf_counter()
+    bar: Any = None
+    if not as_json and before.pending:
+        if stderr.is_terminal:
+            bar = Progress(TextColumn("embed"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           TimeRemainingColumn(), console=stderr, transient=True)
+        else:
+            bar = _Lines(before.pending)
+            stderr.print(f"embed: {before.pending} rows without a vector of {embedder.model}", markup=False)
+    if isinstance(bar, Progress):
+        with bar:
+            task = bar.add_task("embed", total=before.pending)
+            done = backfill(store.vectors, embedder, agent=agent, batch=batch,
+                            progress=lambda n: bar.advance(task, n))
+    else:
+        done = backfill(store.vectors, embedder, agent=agent, batch=batch,
+                        progress=bar.advance if bar is not None else None)
+    seconds = time.perf_counter() - started
+    pruned = store.vectors.prune(embedder.model, agent=agent) if prune else 0
+    after = store.vectors.coverage(embedder.model, agent=agent)
+    if as_json:
+        emit_json({"model": embedder.model, "agent": agent, "embedded": {"messages": done.messages,
+                   "summaries": done.summaries}, "seconds": round(seconds, 3), "pruned": pruned,
+                   "coverage": after.as_dict()})
+        return
+    rate = f" ({done.embedded / seconds:,.0f}/s)" if done.embedded and seconds > 0 else ""
+    say(f"embedded {done.messages} messages and {done.summaries} summaries with {embedder.model} "
+        f"in {seconds:.1f} s{rate}; coverage {after.share:.0%}")
+    if pruned:
+        say(f"deleted {pruned} vectors of other models")
+    elif after.other_models:
+        say("vectors of other models are kept but never searched: "
+            + ", ".join(f"{m} ({n})" for m, n in after.other_models.items()) + "; lcm embed --prune deletes them")

@@ -1,0 +1,69 @@
+"""Embedders: text in, unit-length vectors out, named by the model that made them.
+
+Two kinds, chosen by ``LCM_EMBEDDINGS`` (``lcm.config``): ``local`` runs a small static English
+model that installs from PyPI with the ``[semantic]`` extra (``local.WordLlamaEmbedder``), and
+``openai`` calls any OpenAI-compatible ``/v1/embeddings`` endpoint (``remote``). ``off`` (the
+default without the extra) means no vectors at all: search is full text.
+
+One embedder per setting per process (:func:`embedder_for`): a model loads once, however many
+engines and agents share it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from lcm.config import LcmConfig
+from lcm.errors import LcmError
+
+if TYPE_CHECKING:
+    from lcm.vectors import Matrix
+
+
+class EmbeddingError(LcmError):
+    """An embedder failed (endpoint down, refused, timed out, unreadable answer, model missing)."""
+
+
+class Embedder(Protocol):
+    """Something that turns texts into unit-length float32 vectors."""
+
+    @property
+    def model(self) -> str:
+        """The name recorded with every vector it makes: vectors of two models never mix."""
+
+    def embed(self, texts: Sequence[str], *, timeout: float | None = None) -> Matrix:
+        """One unit-length row per text; raises EmbeddingError."""
+
+
+_SHARED: dict[tuple[object, ...], Embedder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def embedder_for(config: LcmConfig) -> Embedder | None:
+    """The process's embedder for ``config`` (None when LCM_EMBEDDINGS is off). Construction
+    does no I/O: a local model loads on its first use."""
+    mode = config.embeddings_mode
+    if mode == "off":
+        return None
+    key: tuple[object, ...]
+    if mode == "local":
+        key = ("local",)
+    else:
+        key = ("openai", config.embedding_base_url, config.embedding_model, config.embedding_api_key,
+               config.embedding_dimensions, config.embedding_timeout_ms)
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+        if found is None:
+            if mode == "local":
+                from lcm.context.embed.local import WordLlamaEmbedder
+                found = WordLlamaEmbedder()
+            else:
+                from lcm.context.embed.remote import OpenAIEmbedder
+                assert config.embedding_base_url and config.embedding_model  # LcmConfig checks it
+                found = OpenAIEmbedder(config.embedding_base_url, config.embedding_model,
+                                       config.embedding_api_key, dimensions=config.embedding_dimensions,
+                                       timeout=config.embedding_timeout_ms / 1000)
+            _SHARED[key] = found
+        return found
