@@ -113,7 +113,10 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            stderr.print("lcm: interrupted")
+            return 130  # the shell's convention for SIGINT
         stderr.print("lcm: aborted")
         return 1
     except (LcmError, ValueError) as exc:

@@ -525,6 +525,11 @@ class ContextSession:
                                  f"{self.window.assembly_cap}-token cap")
         if assembly.messages != list(messages) and assembly.tokens < host_size:
             self.compactions += 1
+            if self._stalled_at is not None:
+                # The host now holds the smaller context handed over (a cut copy of a huge
+                # message, say): a stall is measured from there, or compaction would wait for
+                # the host to regrow past the size it had before the cut.
+                self._stalled_at = assembly.tokens
             self._hand_over(view.session, assembly, result)
             self._handed = list(assembly.messages)
             return assembly.messages

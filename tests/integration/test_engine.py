@@ -92,3 +92,27 @@ def test_a_copy_started_in_a_hermes_home_stores_in_that_home(tmp_path, monkeypat
     assert clone.context.last_error is None, clone.context.last_error
     assert (home / "lcm.db").is_file() and not (tmp_path / "user" / ".lcm").exists()
     assert clone.agent_id == "coder" and original.context.current is None
+
+
+def test_a_session_that_opens_with_a_huge_tool_result_still_compacts_later(make_engine):
+    """The first turn's huge tool result is handed back cut (nothing outside the fresh tail to
+    summarize yet): the stall that records is measured from the smaller context the host then
+    holds, so compaction resumes once the conversation grows, not once the host regrows past
+    the huge size it had before the cut (it never would: it keeps the cut copy)."""
+    from tests.support.conversation import host_step, turn
+
+    engine = make_engine(context_length=3000)
+    engine.on_session_start("s1")
+    huge = "".join(f"line {i}: ok\n" for i in range(8_000))
+    transcript = host_step(engine, [SYSTEM], [
+        {"role": "user", "content": "show the deploy log"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_big", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_big", "content": huge},
+        {"role": "assistant", "content": "The log ends fine."}])
+    assert engine.compression_count == 1 and len(json.dumps(transcript)) < len(huge) // 4  # handed back cut
+    for i in range(12):
+        transcript = host_step(engine, transcript, turn(i))
+    session = engine.store.sessions.find(engine.agent_id, "s1")
+    assert session.covered_seq > 4 and session.summary_count > 0  # the huge turn and more are summarized
+    assert len(json.dumps(transcript)) // 4 < 3000  # and the host's context fits its window again
