@@ -82,6 +82,15 @@ def _choice_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {raw!r}")
+
+
 def _models(name: str, raw: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in raw.split(",") if m.strip())
 
@@ -125,6 +134,8 @@ class LcmConfig:
     embedding_api_key: str | None = _spec(None, "LCM_EMBEDDING_API_KEY", _text, "key for that endpoint")
     embedding_dimensions: int = _spec(0, "LCM_EMBEDDING_DIMENSIONS", _int(0, 16_384), "dimensions asked of the endpoint (0: the model's own)")
     embedding_timeout_ms: int = _spec(10_000, "LCM_EMBEDDING_TIMEOUT_MS", _int(100, 600_000), "timeout of one embedding call (a search's query waits at most a fifth of it)")
+    sensitive_patterns_enabled: bool = _spec(False, "LCM_SENSITIVE_PATTERNS_ENABLED", _bool, "redact secrets before anything is stored (lossy for what matches)")
+    sensitive_patterns: tuple[str, ...] = _spec(("api_key", "bearer_token", "password_assignment", "private_key", "provider_token"), "LCM_SENSITIVE_PATTERNS", _models, "comma list of named patterns redaction applies (api_key, bearer_token, password_assignment, private_key, provider_token)")
     # Extensions beyond the contract (documented in docs/engine.md):
     leaf_target_tokens: int = _spec(1_200, "LCM_LEAF_TARGET_TOKENS", _int(50), "size a leaf summary aims for")
     condensed_target_tokens: int = _spec(1_600, "LCM_CONDENSED_TARGET_TOKENS", _int(50), "size a condensed summary aims for")
@@ -149,6 +160,9 @@ class LcmConfig:
             raise ConfigError(f"LCM_COMPACTION_TARGET must be below LCM_CONTEXT_THRESHOLD "
                              f"({self.context_threshold}), got {self.compaction_target}: a compaction "
                              "starts at the threshold and brings the context down to the target")
+        if self.sensitive_patterns_enabled:
+            from lcm.redact import check_names
+            check_names(self.sensitive_patterns)
         if self.embeddings == "openai" and not (self.embedding_base_url and self.embedding_model):
             raise ConfigError("LCM_EMBEDDINGS=openai needs LCM_EMBEDDING_BASE_URL (e.g. https://api.openai.com/v1) "
                               "and LCM_EMBEDDING_MODEL (e.g. text-embedding-3-small)")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -247,10 +247,15 @@ def turns(entries: Sequence[Entry]) -> list[list[Entry]]:
 
 
 def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: TokenCounter, *,
-                   after_turn: Callable[[SessionRecord, int], None] | None = None) -> ImportReport:
+                   after_turn: Callable[[SessionRecord, int], None] | None = None,
+                   redact: Callable[[Any], Any] | None = None) -> ImportReport:
     """Store a session's messages exactly once (see the module docstring for the matching
     rule). ``after_turn(session, messages_added)`` runs after each stored turn (compaction,
-    progress)."""
+    progress). ``redact``: secrets out of every message first (``lcm.redact``), so matching
+    and storing both see the redacted message."""
+    if redact is not None:
+        plan = replace(plan, entries=[replace(e, message=redact(e.message)) for e in plan.entries],
+                       system_prompts=[(replace(e, message=redact(e.message)), seq) for e, seq in plan.system_prompts])
     session = store.sessions.get_or_create(agent, plan.session_key, platform=plan.platform,
                                           conversation_id=plan.conversation_id)
     stored = store.messages.metas(session.id, first_seq=1, last_seq=session.last_seq) if session.last_seq else []

@@ -99,7 +99,8 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
                 if progress is not None:
                     progress.advance(task)
 
-            report = import_session(context.store, context.agent_id, plan, context.tokens, after_turn=after_turn)
+            report = import_session(context.store, context.agent_id, plan, context.tokens, after_turn=after_turn,
+                                    redact=context.redactor.message if context.redactor is not None else None)
             if progress is not None and report.added == 0:
                 progress.advance(task, len(turns(plan.entries)))
             if compact:

@@ -166,6 +166,8 @@ class Ingestor:
     own: Callable[[Any], bool] = field(default=lambda m: False)
     #: The alignment key of the stored message a cut copy lcm handed out stands for, else None.
     stands_for: Callable[[Any], str | None] = field(default=lambda m: None)
+    #: Secrets out of messages before anything else sees them (``lcm.redact``; None: off).
+    redact: Callable[[Sequence[Any]], list[Any]] | None = None
     _cache: dict[int, HostView] = field(default_factory=dict)
     _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -195,14 +197,17 @@ class Ingestor:
                 host=list(host), system=system, recall=recall_call_ids(objects))
 
     def ingest(self, session_pk: int, messages: Sequence[Any]) -> IngestResult:
+        redact = self.redact or (lambda ms: list(ms))
         with self._lock:
             seen = self._cache.get(session_pk)
             if seen is not None and seen.host and _common_prefix(seen.host, messages) == len(seen.host):
-                fast = self._extend(seen, list(messages[len(seen.host):]))
+                fast = self._extend(seen, redact(messages[len(seen.host):]))
                 if fast is not None:
                     fast.host, fast.system = list(messages), seen.system
                     return self._result(fast)
-            seen = self._ingest(session_pk, messages)
+            seen = self._ingest(session_pk, redact(messages))
+            # The fast path compares the host's own objects, redacted or not.
+            seen.host = list(messages)
             return self._result(seen)
 
     # ------------------------------------------------------------------ the fast path

@@ -36,6 +36,7 @@ from lcm.errors import InvalidMessageError, LcmError, NotFoundError
 from lcm.messages import content_hash, message_text
 from lcm.prepare import prepare_system_prompt
 from lcm.records import CompactionView, SessionRecord
+from lcm.redact import Redactor
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
 
@@ -168,6 +169,9 @@ class ContextSession:
         self._embedder: Embedder | None = embedder
         self._embedder_made = embedder is not None
         self._indexer: BackgroundIndexer | None = None
+        #: Secrets out of every message before it is stored (LCM_SENSITIVE_PATTERNS_ENABLED).
+        self.redactor: Redactor | None = (Redactor.of(config.sensitive_patterns)
+                                          if config.sensitive_patterns_enabled else None)
         #: False for short-lived processes (the command line), which embed in the foreground
         #: when they are done (``lcm.context.embed.backfill``) instead of leaving a thread behind.
         self.background_embedding = background_embedding
@@ -262,7 +266,8 @@ class ContextSession:
     def ingestor(self) -> Ingestor:
         if self._ingestor is None:
             self._ingestor = Ingestor(self.store, self.tokens, own=self.own_messages,
-                                      stands_for=self.own_messages.stands_for)
+                                      stands_for=self.own_messages.stands_for,
+                                      redact=self.redactor.messages if self.redactor is not None else None)
         return self._ingestor
 
     @property
@@ -409,7 +414,8 @@ class ContextSession:
         if held is not None and held[0] == session_pk and held[1] == system:
             return
         try:
-            prompt = prepare_system_prompt(system, self.tokens)
+            kept = self.redactor.message(system) if self.redactor is not None else system
+            prompt = prepare_system_prompt(kept, self.tokens)
         except (ValueError, InvalidMessageError) as exc:  # not storable: the turn goes on
             log.warning("lcm: the system prompt cannot be stored: %s", exc)
             return

@@ -28,6 +28,7 @@ from lcm.errors import SchemaMismatchError
 from lcm.store import connection, migrations
 from lcm.store._core import StoreCore
 from lcm.store.backends import Backend
+from lcm.store.forget import ForgetRepository
 from lcm.store.health import HealthRepository
 from lcm.store.messages import MessageRepository
 from lcm.store.search import SearchRepository
@@ -49,6 +50,7 @@ class Store:
         self.vectors = VectorRepository(core)
         self.search = SearchRepository(core, self.vectors)
         self.health = HealthRepository(core)
+        self.forget = ForgetRepository(core)
 
     @classmethod
     def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None) -> Store:

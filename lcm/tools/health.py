@@ -50,6 +50,7 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
                                                      "tokens_after", "assembled_tokens", "over_budget")
                                if k in last}},
         "embeddings": embeddings_report(context),
+        "redaction": context.redactor.describe() if context.redactor is not None else {"enabled": False},
         "last_error": context.last_error,
     }
 

@@ -156,10 +156,12 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
         found.degraded_reason = (f"mode {wanted!r}: no stored vector matches yet (the background indexer or "
                                  "`lcm embed` fills them in); answered with full_text")
         return found
-    hits = near if wanted == "semantic" else fuse(words, near, limit)
-    hits = hits[:limit]
+    hits = (near if wanted == "semantic" else fuse(words, near, limit))[:limit]
     if sort == "recency":
-        hits.sort(key=lambda h: (-h.ts, h.kind != "message", -h.id))
+        # As in full text: of the best hits, those with every query word first, newest first;
+        # then the rest in their fused order (by meaning, or with only some of the words).
+        every = sorted((h for h in hits if h.match == "all"), key=lambda h: (-h.ts, h.kind != "message", -h.id))
+        hits = every + [h for h in hits if h.match != "all"]
     found.hits, found.mode = hits, wanted
     return found
 

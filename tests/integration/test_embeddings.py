@@ -241,3 +241,12 @@ def test_lcm_embed_with_embeddings_off_says_how_to_turn_them_on(db_url, lcm, mon
     monkeypatch.setenv("LCM_EMBEDDINGS", "off")
     code, out, err = lcm("embed", "--url", db_url)
     assert code == 1 and "LCM_EMBEDDINGS=local" in err and "lossless-context[semantic]" in err
+
+
+def test_the_demo_brings_the_first_fact_back_with_hybrid_search(lcm, tmp_path, monkeypatch):
+    """With the [semantic] extra the demo's search is hybrid: the message with every word of the
+    query still comes first (newest-first sort keeps every-word hits ahead), byte-exact."""
+    monkeypatch.setenv("LCM_EMBEDDINGS", "local")
+    code, out, err = lcm("demo", "--url", f"sqlite:///{tmp_path / 'demo.db'}")
+    assert code == 0, err
+    assert "byte-exact: yes" in out and "embedding with local:wordllama" in err + out

@@ -184,6 +184,14 @@ class Backend(ABC):
     def database_size(self, conn: Connection) -> int | None:
         """Bytes on disk used by lcm's tables (None when unknown)."""
 
+    def before_forget(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Inside the transaction that erases forgotten rows, before it does."""
+
+    @abstractmethod
+    def after_forget(self, engine: Engine, *, vacuum: bool) -> None:
+        """After rows were forgotten: make sure no index structure keeps their words, and with
+        ``vacuum`` rewrite the storage so no free page keeps their bytes."""
+
 
 def backend_for_url(url: URL) -> Backend:
     name = url.get_backend_name()

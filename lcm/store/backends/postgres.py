@@ -525,6 +525,17 @@ class PostgresBackend(Backend):
             "'ix_lcm_messages_search_vector', 'ix_lcm_summaries_search_vector', "
             "'ix_lcm_messages_search_stems', 'ix_lcm_summaries_search_stems')")
 
+    def after_forget(self, engine: Engine, *, vacuum: bool) -> None:
+        """PostgreSQL keeps a deleted row's tuple (and index entries) until VACUUM reclaims
+        them, and their bytes until the space is reused: ``vacuum`` rewrites the tables
+        (``VACUUM FULL``: an exclusive lock on each table while it runs)."""
+        if not vacuum:
+            return
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for table in ("lcm_messages", "lcm_summaries", "lcm_summary_sources", "lcm_payloads", "lcm_vectors",
+                          "lcm_system_prompts"):
+                conn.exec_driver_sql(f"VACUUM (FULL, ANALYZE) {table}")
+
     def database_size(self, conn: Connection) -> int | None:
         return int(conn.execute(text(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "

@@ -365,6 +365,28 @@ class SQLiteBackend(Backend):
     def optimize(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA optimize")
 
+    def before_forget(self, conn: Connection) -> None:
+        # Freed pages are overwritten with zeros, so the forgotten bytes do not linger in them.
+        conn.exec_driver_sql("PRAGMA secure_delete = ON")
+
+    def after_forget(self, engine: Engine, *, vacuum: bool) -> None:
+        """FTS5 keeps a deleted row's tokens in its segments until they are merged: merge them
+        all now ('optimize'). Then the WAL is checkpointed into the file and truncated, and with
+        ``vacuum`` the whole file is rewritten."""
+        with engine.connect() as conn:
+            for table in ("lcm_messages_fts", "lcm_summaries_fts", "lcm_messages_stems", "lcm_summaries_stems"):
+                conn.exec_driver_sql(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+            conn.commit()
+        raw = engine.raw_connection()  # VACUUM runs outside any transaction: the driver's own connection
+        try:
+            driver: Any = raw.driver_connection
+            driver.execute("PRAGMA secure_delete = ON")
+            if vacuum:
+                driver.execute("VACUUM")
+            driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            raw.close()
+
     def database_size(self, conn: Connection) -> int | None:
         db = conn.exec_driver_sql("PRAGMA database_list").all()
         path = next((r[2] for r in db if r[1] == "main"), None)
