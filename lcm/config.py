@@ -134,6 +134,9 @@ class LcmConfig:
     embedding_api_key: str | None = _spec(None, "LCM_EMBEDDING_API_KEY", _text, "key for that endpoint")
     embedding_dimensions: int = _spec(0, "LCM_EMBEDDING_DIMENSIONS", _int(0, 16_384), "dimensions asked of the endpoint (0: the model's own)")
     embedding_timeout_ms: int = _spec(10_000, "LCM_EMBEDDING_TIMEOUT_MS", _int(100, 600_000), "timeout of one embedding call (a search's query waits at most a fifth of it)")
+    ignore_session_patterns: tuple[str, ...] = _spec((), "LCM_IGNORE_SESSION_PATTERNS", _models, "comma list of globs on session id, platform or platform:id: such sessions are not stored at all")
+    stateless_session_patterns: tuple[str, ...] = _spec((), "LCM_STATELESS_SESSION_PATTERNS", _models, "comma list of globs (same keys): such sessions are read-only (recall works, nothing is written)")
+    ignore_message_patterns: tuple[str, ...] = _spec((), "LCM_IGNORE_MESSAGE_PATTERNS", _models, "comma list of regular expressions: conversation messages whose text matches are not stored")
     sensitive_patterns_enabled: bool = _spec(False, "LCM_SENSITIVE_PATTERNS_ENABLED", _bool, "redact secrets before anything is stored (lossy for what matches)")
     sensitive_patterns: tuple[str, ...] = _spec(("api_key", "bearer_token", "password_assignment", "private_key", "provider_token"), "LCM_SENSITIVE_PATTERNS", _models, "comma list of named patterns redaction applies (api_key, bearer_token, password_assignment, private_key, provider_token)")
     # Extensions beyond the contract (documented in docs/engine.md):

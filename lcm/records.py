@@ -40,6 +40,9 @@ class SessionRecord:
     parent_id: int | None = None  # a fork's parent session (its internal id)
     fork_seq: int | None = None  # the parent's last message the fork shares
     skipped_count: int = 0  # messages of this session that could not be stored at all
+    #: Where an imported session came from (JSON: format, path, id in that store); None when
+    #: lcm recorded it live.
+    origin: dict[str, Any] | None = None
 
     @property
     def raw_tokens(self) -> int:

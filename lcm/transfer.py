@@ -194,6 +194,8 @@ class SessionPlan:
     #: Versions of the session's system prompt, each with the seq of the first message it
     #: preceded: a plain transcript's leading system message, or export lines marked so.
     system_prompts: list[tuple[Entry, int]] = field(default_factory=list)
+    #: Where the session came from (``lcm import``): kept on the lcm session as its origin.
+    origin: dict[str, Any] | None = None
 
 
 def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:
@@ -257,7 +259,7 @@ def import_session(store: StorePorts, agent: str, plan: SessionPlan, tokens: Tok
         plan = replace(plan, entries=[replace(e, message=redact(e.message)) for e in plan.entries],
                        system_prompts=[(replace(e, message=redact(e.message)), seq) for e, seq in plan.system_prompts])
     session = store.sessions.get_or_create(agent, plan.session_key, platform=plan.platform,
-                                          conversation_id=plan.conversation_id)
+                                          conversation_id=plan.conversation_id, origin=plan.origin)
     stored = store.messages.metas(session.id, first_seq=1, last_seq=session.last_seq) if session.last_seq else []
     keys = [message_key(e.message, content_hash(e.message)) for e in plan.entries]
     common = 0

@@ -18,6 +18,7 @@ from lcm.cli.demo import demo_command
 from lcm.cli.embed import embed_command
 from lcm.cli.forget import forget_command
 from lcm.cli.hermes import hermes_group
+from lcm.cli.importing import import_command
 from lcm.cli.inspect import backup_command, doctor_command, status_command
 from lcm.cli.migrate import migrate_command
 from lcm.cli.recall import describe_command, expand_command, grep_command, load_command, sessions_command
@@ -32,7 +33,8 @@ def cli() -> None:
 
 for command in (demo_command, ingest_command, export_command, sessions_command, status_command,
                 grep_command, describe_command, expand_command, load_command, doctor_command,
-                backup_command, embed_command, migrate_command, forget_command, db_group, hermes_group):
+                backup_command, embed_command, migrate_command, forget_command, import_command, db_group,
+                hermes_group):
     cli.add_command(command)
 
 

@@ -64,7 +64,7 @@ def context_on(store: Store, agent: str, *, context_length: int | None = None, *
     config = LcmConfig.from_env(agent_id=agent, **settings)
     # A command is over in seconds: what it stores is embedded before it exits, not by a thread.
     return ContextSession(config, store, agent_id=agent, context_length=context_length or 0,
-                          background_embedding=False)
+                          background_embedding=False, apply_filters=False)
 
 
 def latest_session_key(store: StorePorts, agent: str) -> str:

@@ -96,7 +96,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
             rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
                          "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
                          "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
-                         "created_at": s.created_at, "updated_at": s.updated_at})
+                         "created_at": s.created_at, "updated_at": s.updated_at, "origin": s.origin})
     if as_json:
         emit_json({"sessions": rows})
         return

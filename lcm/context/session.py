@@ -28,6 +28,7 @@ from lcm.context.assembly import Assembly, assemble, load_raw
 from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_config
 from lcm.context.compactor import CompactionResult, Compactor
 from lcm.context.embed import BackgroundIndexer, Embedder, embedder_for
+from lcm.context.filters import Filters, Rule
 from lcm.context.ingest import Ingestor, IngestResult, message_key
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
@@ -43,6 +44,9 @@ from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of,
 log = logging.getLogger("lcm")
 
 DEFAULT_SESSION_KEY = "default"
+#: Why a filtered session is not stored (see ``lcm.context.filters``).
+_RULE_REASON = {"ignore": "LCM_IGNORE_SESSION_PATTERNS matches it",
+                "stateless": "LCM_STATELESS_SESSION_PATTERNS makes it read-only"}
 DEFAULT_AGENT = "default"
 #: Host-supplied session attributes are cut to what their columns hold.
 PLATFORM_CHARS = 64
@@ -144,7 +148,7 @@ class ContextSession:
                  host_route: HostRoute | None = None, agent_id: str | None = None,
                  context_length: int = 0, model: str | None = None,
                  clock: Callable[[], float] = time.time, embedder: Embedder | None = None,
-                 background_embedding: bool = True):
+                 background_embedding: bool = True, apply_filters: bool = True):
         if store is None and open_store is None:
             raise ValueError("a ContextSession needs a store or a way to open one (open_store)")
         self.config = config
@@ -169,6 +173,10 @@ class ContextSession:
         self._embedder: Embedder | None = embedder
         self._embedder_made = embedder is not None
         self._indexer: BackgroundIndexer | None = None
+        #: Session and message filters (LCM_IGNORE_*/LCM_STATELESS_*), for a host's sessions;
+        #: what the bound session's key made of it: stored, ignored, or read-only.
+        self.filters: Filters | None = Filters(config) if apply_filters else None
+        self.rule: Rule = "store"
         #: Secrets out of every message before it is stored (LCM_SENSITIVE_PATTERNS_ENABLED).
         self.redactor: Redactor | None = (Redactor.of(config.sensitive_patterns)
                                           if config.sensitive_patterns_enabled else None)
@@ -204,7 +212,8 @@ class ContextSession:
         twin = ContextSession(self.config, self._store, open_store=open_store or self._open_store,
                               tokens=self._tokens, host_route=self.host_route,
                               agent_id=self.agent_id, model=self.model, clock=self.clock,
-                              embedder=self._embedder, background_embedding=self.background_embedding)
+                              embedder=self._embedder, background_embedding=self.background_embedding,
+                              apply_filters=self.filters is not None)
         twin.window = copy.copy(self.window)
         return twin
 
@@ -265,7 +274,10 @@ class ContextSession:
     @property
     def ingestor(self) -> Ingestor:
         if self._ingestor is None:
-            self._ingestor = Ingestor(self.store, self.tokens, own=self.own_messages,
+            filters, own = self.filters, self.own_messages
+            skip = (lambda m: own(m) or filters.ignored_message(m)) if filters is not None and (
+                filters.message_patterns) else own
+            self._ingestor = Ingestor(self.store, self.tokens, own=skip,
                                       stands_for=self.own_messages.stands_for,
                                       redact=self.redactor.messages if self.redactor is not None else None)
         return self._ingestor
@@ -289,12 +301,15 @@ class ContextSession:
         session. Bound to ``default`` only when the host never started one."""
         if self.current is None and self._pending_start is not None:
             self._start(self._pending_start)
+        if self.current is None and self.rule != "store":
+            raise NotFoundError(f"this session is not stored ({_RULE_REASON[self.rule]}): search the agent's "
+                                "other sessions with session_scope='all'")
         if self.current is None:
             self.current = self.store.sessions.get_or_create(self.agent_id, DEFAULT_SESSION_KEY)
         return self.current
 
     def start(self, session_key: str | None, *, platform: str | None = None,
-              conversation_id: str | None = None, continues: str | None = None) -> SessionRecord:
+              conversation_id: str | None = None, continues: str | None = None) -> SessionRecord | None:
         """Bind to the host's session ``session_key`` (created on first use). ``continues``: the
         host key of the conversation this one continues under a new key (the same session,
         reached by both keys from now on). After :meth:`reset`, the new session starts with the
@@ -302,6 +317,12 @@ class ContextSession:
         self.current = None
         request = StartRequest(str(session_key or DEFAULT_SESSION_KEY), short(platform, PLATFORM_CHARS),
                                short(conversation_id, CONVERSATION_ID_CHARS), continues or None)
+        self.rule = self.filters.session_rule(request.session_key, request.platform) if self.filters else "store"
+        if self.rule != "store":  # nothing is written for it: not even a session row
+            self._pending_start, self._carry_from = None, None
+            self.current = (self.store.sessions.find(self.agent_id, request.session_key)
+                            if self.rule == "stateless" else None)
+            return self.current
         return self._start(request)
 
     def _start(self, request: StartRequest) -> SessionRecord:
@@ -375,9 +396,14 @@ class ContextSession:
 
     # ------------------------------------------------------------------ each turn
 
-    def ingest(self, messages: Sequence[Any]) -> IngestResult:
+    def ingest(self, messages: Sequence[Any]) -> IngestResult | None:
         """Store the host's transcript (each message exactly once) in the bound session, and its
-        leading system prompt once per version."""
+        leading system prompt once per version (None: the session is filtered, nothing stored)."""
+        if self.rule != "store":
+            return None
+        return self._ingest_bound(messages)
+
+    def _ingest_bound(self, messages: Sequence[Any]) -> IngestResult:
         result = self.ingestor.ingest(self.session.id, messages)
         self.current = result.session
         self._keep_system(result)
@@ -397,6 +423,8 @@ class ContextSession:
         """The host's system prompt, sent apart from its transcript (Hermes builds each
         request's system message itself and hands ``compress()`` the conversation only): kept
         as the version in force from the next message stored on."""
+        if self.rule != "store":
+            return
         session = self.session
         self._keep(session.id, system, lambda: self.store.sessions.get(session.id).last_seq + 1)
 
@@ -463,7 +491,7 @@ class ContextSession:
         already found nothing to do: a host that reaches the store only through :meth:`turn`
         gives the store nothing new to look at until its transcript grows. After a burst it is
         false again until the context reaches the trigger."""
-        if self.compaction_cause(prompt_tokens) is None:
+        if self.rule != "store" or self.compaction_cause(prompt_tokens) is None:
             return False
         return self._stalled_at is None or prompt_tokens > self._stalled_at
 
@@ -495,8 +523,12 @@ class ContextSession:
         Returns ``messages`` itself (the host's "nothing to do") when nothing changes, when the
         result would not be smaller, or when the host is behind the stored session.
         """
+        if self.rule != "store":
+            self.record({"status": "not_needed", "reason": f"this session is not stored ({_RULE_REASON[self.rule]}): "
+                         "the host's context passes through", "passes": 0, "at": time.time()})
+            return messages
         try:
-            seen = self.ingest(messages)
+            seen = self._ingest_bound(messages)
         except InvalidMessageError as exc:
             self.record({"status": "stopped", "reason": f"a message cannot be stored: {exc}", "at": time.time()})
             return messages
@@ -644,7 +676,7 @@ class ContextSession:
     def record(self, outcome: dict[str, Any]) -> None:
         """Keep the outcome for status, and with the session when it says something."""
         self.last_outcome = outcome
-        if not _worth_keeping(outcome) or self.current is None:
+        if not _worth_keeping(outcome) or self.current is None or self.rule != "store":
             return
         try:
             self.store.sessions.record_compaction(self.current.id, outcome)

@@ -175,12 +175,12 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
     def on_session_start(self, session_id: str, **kwargs: Any) -> None:
         self._guarded("on_session_start", lambda: self._start(session_id, kwargs), None)
 
-    def open_session(self, session_id: str, **kwargs: Any) -> SessionRecord:
+    def open_session(self, session_id: str, **kwargs: Any) -> SessionRecord | None:
         """``on_session_start`` for callers that want failures raised."""
         with self._lock:
             return self._start(session_id, kwargs)
 
-    def _start(self, session_id: str, kwargs: Mapping[str, Any]) -> SessionRecord:
+    def _start(self, session_id: str, kwargs: Mapping[str, Any]) -> SessionRecord | None:
         self._adopt_home(kwargs)
         self._host_session = str(session_id)
         hooks.track(self)

@@ -99,6 +99,7 @@ def session_record(row: Any) -> SessionRecord:
         last_compaction=codec.decode_json(m["last_compaction"]) if m["last_compaction"] else None,
         summary_count=m["summary_count"], summary_tokens=m["summary_tokens"],
         parent_id=m["parent_id"], fork_seq=m["fork_seq"], skipped_count=m["skipped_count"],
+        origin=codec.decode_json(m["origin"]) if m["origin"] else None,
     )
 
 

@@ -119,6 +119,8 @@ class Session(Base):
     fork_seq: Mapped[int | None] = mapped_column(Integer)
     #: Messages of this session lcm could not store at all (not a JSON object, no usable role).
     skipped_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: JSON: where an imported session came from (``lcm import``); NULL when recorded live.
+    origin: Mapped[str | None] = mapped_column(Text)
 
 
 class SessionAlias(Base):

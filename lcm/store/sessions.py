@@ -53,7 +53,7 @@ class SessionRepository:
         self._core = core
 
     def get_or_create(self, agent: str, session_key: str, *, platform: str | None = None,
-                      conversation_id: str | None = None) -> SessionRecord:
+                      conversation_id: str | None = None, origin: Mapping[str, Any] | None = None) -> SessionRecord:
         """The session ``session_key`` of ``agent``, created on first use.
 
         ``platform`` and ``conversation_id`` fill in values the session does not have yet;
@@ -67,7 +67,7 @@ class SessionRepository:
         found = self.find(agent, session_key)
         if found is not None and (platform is None or found.platform is not None) and (
             conversation_id is None or found.conversation_id is not None
-        ):
+        ) and (origin is None or found.origin is not None):
             return found
         now = time.time()
         with self._core.write() as conn:
@@ -79,7 +79,8 @@ class SessionRepository:
                 "covered_tokens": 0,
             }], ["agent_id", "session_key"])
             where = and_(sessions_t.c.agent_id == agent_pk, sessions_t.c.session_key == session_key)
-            for column, value in (("platform", platform), ("conversation_id", conversation_id)):
+            encoded = codec.encode_json(dict(origin)) if origin is not None else None
+            for column, value in (("platform", platform), ("conversation_id", conversation_id), ("origin", encoded)):
                 if value is not None:
                     conn.execute(update(sessions_t).where(where, sessions_t.c[column].is_(None))
                                  .values({column: value}))

@@ -17,6 +17,12 @@ VERDICTS = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}
 
 def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
     store = context.store
+    if context.rule != "store" and context.current is None and context.filters is not None:
+        # A filtered session has no row: say so, and what the filters are.
+        return {"agent_id": context.agent_id, "session_id": None, "stored": False,
+                "session_filters": context.filters.describe(context.rule),
+                "backend": store.backend_name, "database": store.location,
+                "embeddings": embeddings_report(context), "last_error": context.last_error}
     session = store.sessions.get(context.session.id)
     nodes = {f"d{d.depth}": d.count for d in store.summaries.depth_stats(session.id)}
     summarizer = context.summarizer.describe()
@@ -50,6 +56,8 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
                                                      "tokens_after", "assembled_tokens", "over_budget")
                                if k in last}},
         "embeddings": embeddings_report(context),
+        "session_filters": (context.filters.describe(context.rule) if context.filters is not None
+                            else {"applied": False}),
         "redaction": context.redactor.describe() if context.redactor is not None else {"enabled": False},
         "last_error": context.last_error,
     }

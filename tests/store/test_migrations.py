@@ -144,7 +144,8 @@ def write_at_0006(conn) -> None:
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
            "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
            "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006,
-           "0007_stemmed_search": write_at_0006}  # 0007 added an index only: the same rows
+           "0007_stemmed_search": write_at_0006,  # 0007 added an index only: the same rows
+           "0008_vectors": write_at_0006}  # 0008 added a table of derived data: the same rows
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -173,6 +174,8 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     [first, *_] = store.search.messages("which marmot deployments were questioned", agent="old-agent",
                                         any_words=True).hits
     assert first.match == "any" and first.role == "user" and "**deployment**" in first.snippet
+    # 0009: a session recorded live has no origin.
+    assert session.origin is None
     # 0008: old rows have no vector yet; given one, they are found by it.
     stored = store.messages.get_range(session.id)
     pending = store.vectors.pending("test:old", kind="message", agent="old-agent")
@@ -209,9 +212,9 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     engine.dispose()
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
-    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search")
+    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors")
     verify_old_data(store, prompts_kept=1 if kept_prompts else 0)
-    if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search"):
+    if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search", "0008_vectors"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
     if kept_prompts:
         assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST

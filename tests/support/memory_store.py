@@ -233,17 +233,19 @@ class MemoryFamily(_Part):
 
 class MemorySessions(_Part):
     def get_or_create(self, agent: str, session_key: str, *, platform: str | None = None,
-                      conversation_id: str | None = None) -> SessionRecord:
+                      conversation_id: str | None = None, origin: Mapping[str, Any] | None = None) -> SessionRecord:
         with self._data.lock:
             agent_pk = self._data.agent(agent, create=True)
             assert agent_pk is not None
             pk = self._data.keys.get((agent_pk, session_key))
             if pk is None:
-                return _new_session(self._data, agent_pk, session_key, platform=platform,
+                made = _new_session(self._data, agent_pk, session_key, platform=platform,
                                     conversation_id=conversation_id)
+                return self._data.update(made.id, origin=dict(origin)) if origin is not None else made
             found = self._data.session(pk)
             return self._data.update(pk, platform=found.platform or platform,
-                                     conversation_id=found.conversation_id or conversation_id)
+                                     conversation_id=found.conversation_id or conversation_id,
+                                     origin=found.origin or (dict(origin) if origin is not None else None))
 
     def find(self, agent: str, session_key: str) -> SessionRecord | None:
         agent_pk = self._data.agent(agent, create=False)
