@@ -124,6 +124,24 @@ def _items(text: str) -> tuple[list[tuple[int, Any]], list[tuple[int, str]], str
     return items, errors, "line"
 
 
+#: The roles of the chat message shape (docs/contract.md, Messages).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _check_shape(message: dict[str, Any]) -> None:
+    """A transcript message must look like a chat message: a known role, and text (or a list of
+    parts) unless it is an assistant turn that only calls tools."""
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise InvalidMessageError(f"role {role!r} is not a chat role ({', '.join(CHAT_ROLES)})")
+    content = message.get("content")
+    if content is None:
+        if not message.get("tool_calls"):
+            raise InvalidMessageError("a message needs content (text or a list of parts) or tool_calls")
+    elif not isinstance(content, str | list):
+        raise InvalidMessageError(f"content must be text or a list of parts, got {type(content).__name__}")
+
+
 def _entry(where: int, raw: Any) -> Entry:
     if not isinstance(raw, dict):
         raise InvalidMessageError(f"expected a JSON object, got {type(raw).__name__}")
@@ -132,6 +150,8 @@ def _entry(where: int, raw: Any) -> Entry:
     if not isinstance(message, dict):
         raise InvalidMessageError("'message' must be an object")
     encode_message(message)  # the store's own validation: role, content, JSON-serialisable
+    if not exported:  # a transcript to import: the contract's message shape (an export line is
+        _check_shape(message)  # whatever lcm once accepted, and must come back exactly)
     meta: dict[str, Any] = {}
     if exported:
         for key in ("session_id", "platform", "conversation_id"):
@@ -163,7 +183,10 @@ def read_transcript(source: str | Path | TextIO, *, skip_bad: bool = False) -> T
     """Parse and validate a whole transcript; TranscriptError lists the bad lines (by number)
     unless ``skip_bad``, in which case they are left out and listed in ``skipped``."""
     name, text = _open_text(source)
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (Windows editors write one)
     items, problems, unit = _items(text)
+    if not items and not problems:
+        raise TranscriptError(f"{name}: no messages in it: nothing to import")
     entries: list[Entry] = []
     for where, raw in items:
         try:

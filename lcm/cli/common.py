@@ -110,8 +110,13 @@ def run_guarded(cli: click.Group, argv: list[str] | None) -> int:
         return code if isinstance(code, int) else 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.UsageError as exc:
+        # One error style: the words of the command line, and where to look (exit 2: usage).
+        where = exc.ctx.command_path if exc.ctx is not None else "lcm"
+        stderr.print(f"lcm: error: {exc.format_message()} ({where} --help lists what it takes)", markup=False)
+        return exc.exit_code
     except click.ClickException as exc:
-        exc.show()
+        stderr.print(f"lcm: error: {exc.format_message()}", markup=False)
         return exc.exit_code
     except click.exceptions.Abort as exc:
         if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort

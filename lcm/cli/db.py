@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from lcm.cli.common import emit_json, json_option, require_existing, say, url_option
+from lcm.errors import ConfigError
 from lcm.store import connection as dbmod
 from lcm.store import migrations
 
@@ -23,8 +24,15 @@ def upgrade_command(url: str | None, as_json: bool, revision: str) -> None:
     target = dbmod.resolve_url(url)
     before = migrations.state_at(target)
     if before.status == "unknown":
-        raise click.ClickException(
-            f"the database has revision {before.current}, unknown to this lcm (newer?): upgrade lcm")
+        raise ConfigError(f"the database has revision {before.current}, unknown to this lcm (made by a newer "
+                          "lcm): upgrade lcm")
+    known = migrations.KNOWN_REVISIONS
+    if revision != "head":
+        if revision not in known:
+            raise ConfigError(f"no revision {revision!r}; lcm db history lists them")
+        if before.current in known and known.index(before.current) > known.index(revision):
+            raise ConfigError(f"the database is at {before.current}, ahead of {revision}: an upgrade never goes "
+                              f"back (lcm db downgrade {revision} --yes does, and can delete data)")
     migrations.upgrade(target, revision)
     after = migrations.state_at(target)
     if as_json:
@@ -38,15 +46,22 @@ def upgrade_command(url: str | None, as_json: bool, revision: str) -> None:
 
 @db_group.command("downgrade")
 @url_option
+@json_option
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Confirm: a downgrade can drop tables and their data.")
-def downgrade_command(url: str | None, revision: str, yes: bool) -> None:
+def downgrade_command(url: str | None, as_json: bool, revision: str, yes: bool) -> None:
     """Downgrade the schema to REVISION (``base`` drops every lcm table)."""
     if not yes:
-        raise click.ClickException("a downgrade can delete data; repeat with --yes to confirm")
+        raise ConfigError("a downgrade can delete data; repeat with --yes to confirm")
+    require_existing(url)
     target = dbmod.resolve_url(url)
+    before = migrations.state_at(target).current
     migrations.downgrade(target, revision)
-    say(f"{dbmod.display_url(target)}: now at {migrations.state_at(target).current or '(empty)'}")
+    now = migrations.state_at(target).current
+    if as_json:
+        emit_json({"database": dbmod.display_url(target), "from": before, "to": now})
+        return
+    say(f"{dbmod.display_url(target)}: now at {now or '(empty)'}")
 
 
 @db_group.command("current")
@@ -66,12 +81,21 @@ def current_command(url: str | None, as_json: bool) -> None:
 
 
 @db_group.command("history")
+@url_option
 @json_option
-def history_command(as_json: bool) -> None:
-    """List the schema revisions this lcm knows, oldest first."""
-    revs = migrations.history()
+def history_command(url: str | None, as_json: bool) -> None:
+    """List the schema revisions this lcm knows, oldest first (with --url or LCM_DATABASE_URL,
+    marking the one the database is at)."""
+    revs: list[dict[str, object]] = [dict(r) for r in migrations.history()]
+    current = None
+    if url is not None:
+        require_existing(url)
+        current = migrations.state_at(dbmod.resolve_url(url)).current
+        for rev in revs:
+            rev["current"] = rev["revision"] == current
     if as_json:
         emit_json(revs)
         return
     for rev in revs:
-        say(f"{rev['revision']}  {(rev['message'] or '').splitlines()[0]}")
+        mark = "  <- the database is here" if current is not None and rev["revision"] == current else ""
+        say(f"{rev['revision']}  {str(rev['message'] or '').splitlines()[0]}{mark}")

@@ -34,19 +34,21 @@ DEMO_SETTINGS = dict(fresh_tail_count=8, leaf_chunk_tokens=1_500, leaf_target_to
 @click.command("demo")
 @url_option
 @json_option
+@click.option("--agent", default=DEMO_AGENT, show_default=True, metavar="NAME",
+              help="The agent the demo stores under (kept apart from your own).")
 @click.option("--context-length", type=click.IntRange(4_000), default=8_000, show_default=True,
               help="The pretend model window.")
-def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
+def demo_command(url: str | None, as_json: bool, agent: str, context_length: int) -> None:
     """Watch lcm compact a long agent transcript and recall an early fact exactly."""
     with resources.as_file(resources.files("lcm.demo") / "transcript.jsonl") as path:
         transcript = read_transcript(path)
     plans = plan_sessions(transcript)
     originals = {e.where: e.message for e in transcript.entries}
-    context = open_context(url, DEMO_AGENT, create=True, context_length=context_length, **DEMO_SETTINGS)
+    context = open_context(url, agent, create=True, context_length=context_length, **DEMO_SETTINGS)
     route = context.summarizer.describe()
     if not as_json:
         say(f"lcm demo: {len(transcript.entries)} messages in {len(plans)} sessions from the shipped transcript")
-        say(f"store: {context.store.location} ({context.store.backend_name}), agent {DEMO_AGENT}, "
+        say(f"store: {context.store.location} ({context.store.backend_name}), agent {agent}, "
             f"window {context_length:,} tokens")
         say("summarizer: " + (f"{route['route']}" if route["mode"] != "extractive" else
                               "extractive (no LLM configured; LCM_SUMMARY_BASE_URL and LCM_SUMMARY_MODEL "
@@ -77,7 +79,7 @@ def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
                        "text": text, "byte_exact": original is not None and json.dumps(
                            item["message"], ensure_ascii=False) == json.dumps(original, ensure_ascii=False)})
     total_raw = sum(s["raw_tokens"] for s in sessions)
-    result = {"agent": DEMO_AGENT, "database": context.store.location, "backend": context.store.backend_name,
+    result = {"agent": agent, "database": context.store.location, "backend": context.store.backend_name,
               "summarizer": route["route"], "context_length": context_length,
               "stored_messages": sum(s["messages"] for s in sessions), "raw_tokens": total_raw,
               "new_messages": sum(r.added for r in reports),
@@ -87,12 +89,12 @@ def demo_command(url: str | None, as_json: bool, context_length: int) -> None:
     if as_json:
         emit_json(result)
     else:
-        _show(result, last)
+        _show(result, last, url)
     if not recall["byte_exact"]:
         raise click.ClickException("the early fact did not come back byte-exactly: run lcm doctor")
 
 
-def _show(result: dict[str, Any], last: str) -> None:
+def _show(result: dict[str, Any], last: str, url: str | None) -> None:
     new, old = result["new_messages"], result["already_stored"]
     say("")
     say(f"stored: {result['stored_messages']:,} messages, {result['raw_tokens']:,} tokens, each exactly once "
@@ -130,5 +132,6 @@ def _show(result: dict[str, Any], last: str) -> None:
         say("byte-exact: " + ("yes, identical to the original message in the transcript" if recall["byte_exact"]
                               else "NO: the stored message differs from the transcript"))
     say("")
-    say("next: lcm sessions --agent lcm-demo | lcm grep ERR_LEDGER_DRIFT --agent lcm-demo | "
-        "lcm describe --agent lcm-demo | lcm expand node:<id> --agent lcm-demo")
+    say("next, try (one command per line):")
+    for command in ("lcm sessions", "lcm grep ERR_LEDGER_DRIFT", "lcm describe", "lcm expand node:<id>"):
+        say(f"  {command} --agent {result['agent']}" + ("" if url is None else f" --url '{url}'"))

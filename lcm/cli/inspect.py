@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
             return
         table = Table(title=f"lcm status: {agent}/{session_key}", show_header=False)
         for key, value in res.items():
-            table.add_row(key, Text(str(value)))
+            shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            table.add_row(key, Text(shown))  # JSON for structured values, never Python reprs
         stdout.print(table)
         return
     stats = open_store(url).health.stats()

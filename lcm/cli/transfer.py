@@ -194,13 +194,18 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="-",
               show_default=True, help="File to write (JSONL); - for stdout.")
 @click.option("--force", is_flag=True, help="Overwrite OUTPUT if it exists (keeping its permissions).")
-def export_command(url: str | None, agent: str, session_key: str | None, output: str, force: bool) -> None:
+@json_option
+def export_command(url: str | None, agent: str, session_key: str | None, output: str, force: bool,
+                   as_json: bool) -> None:
     """Write sessions as JSONL that `lcm ingest` reads back into an identical store.
 
     A new file is readable by its owner only (0600): an export holds whole conversations, and
     conversations hold secrets. An existing file is only replaced with --force, and keeps the
     permissions it had."""
     target = Path(output).expanduser()
+    if as_json and output == "-":
+        raise ConfigError("--json reports on an export written to a file (-o FILE); without -o, stdout "
+                          "carries the export itself, one JSON object per line")
     if output != "-" and target.exists() and not force:
         raise ConfigError(f"{target} exists; pass --force to overwrite it")
     store = open_store(url)
@@ -226,5 +231,9 @@ def export_command(url: str | None, agent: str, session_key: str | None, output:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if as_json:
+        emit_json({"output": str(target), "agent": agent, "messages": count, "system_prompts": prompts,
+                   "bytes": target.stat().st_size})
+        return
     extra = f" and {prompts} system prompt version(s)" if prompts else ""
     say(f"exported {count} message(s){extra} to {target}")

@@ -32,7 +32,6 @@ from lcm.hermes import hooks
 from lcm.hermes.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.hermes.routes import HermesAuxiliaryRoute
 from lcm.records import SessionRecord
-from lcm.store import Store
 from lcm.tokens import TokenCounter
 from lcm.tools import TOOL_SCHEMAS, run_tool
 
@@ -131,6 +130,8 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         return f"sqlite:///{default_sqlite_path()}"
 
     def _open_store(self) -> StorePorts:
+        from lcm.store import Store  # SQLAlchemy loads when a store is first needed, not at import
+
         return Store.open(self.database_url())
 
     def _host_route(self, model: str | None) -> HermesAuxiliaryRoute:

@@ -25,7 +25,12 @@ def installed(tmp_path_factory) -> Path:
     assert build.returncode == 0, build.stderr
     [wheel] = dist.glob("lossless_context-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "lcm/_migrations/env.py" in names
+    assert "lcm/_migrations/env.py" in names and "lcm/py.typed" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names  # the license ships
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT" in metadata and "Provides-Extra: postgres" in metadata
+    assert "Provides-Extra: semantic" in metadata and "Requires-Dist: psycopg" not in metadata.split(
+        "Provides-Extra")[0]  # psycopg only with an extra
     for rev in migrations.KNOWN_REVISIONS:
         assert f"lcm/_migrations/versions/{rev}.py" in names
     venv = work / "venv"
@@ -63,10 +68,26 @@ def test_installed_lcm_creates_and_upgrades_sqlite(installed, tmp_path):
 
 @pytest.mark.postgres
 def test_installed_lcm_upgrades_postgres(installed, pg_url, tmp_path):
+    """psycopg is the postgres extra: without it a PostgreSQL URL says so; with it, it works."""
+    if run(installed, "python", "-c", "import psycopg", cwd=tmp_path).returncode != 0:
+        bare = run(installed, "lcm", "db", "current", "--url", pg_url, cwd=tmp_path)
+        assert bare.returncode == 1 and "pip install 'lossless-context[postgres]'" in bare.stderr, bare.stderr
+        extra = subprocess.run([str(installed / "bin" / "pip"), "install", "-q", "psycopg[binary]>=3.1.18"],
+                               capture_output=True, text=True, timeout=900)
+        assert extra.returncode == 0, extra.stderr
     up = run(installed, "lcm", "db", "upgrade", "--url", pg_url, cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     status = run(installed, "lcm", "doctor", "--url", pg_url, "--json", cwd=tmp_path)
     assert status.returncode == 0 and '"overall": "healthy"' in status.stdout, status.stdout + status.stderr
+
+
+def test_importing_the_engine_loads_no_database_or_model_library(installed, tmp_path):
+    """Hermes imports engines just to list them: ``import lcm.engine`` stays light (SQLAlchemy,
+    numpy and the tokenizer load when a store or a count is first needed)."""
+    probe = run(installed, "python", "-c", "import sys, lcm.engine; "
+                "print(sorted(m for m in ('sqlalchemy', 'numpy', 'tiktoken', 'httpx', 'rich', 'click') "
+                "if m in sys.modules))", cwd=tmp_path)
+    assert probe.returncode == 0 and probe.stdout.strip() == "[]", probe.stdout + probe.stderr
 
 
 def test_installed_lcm_runs_the_demo(installed, tmp_path):

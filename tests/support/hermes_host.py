@@ -55,13 +55,13 @@ def _ensure_venv(venv: Path) -> tuple[Path | None, str]:
     python = venv / "bin" / "python"
     marker = venv / ".lcm-ready"
     if marker.is_file() and python.is_file():
-        probe = subprocess.run([str(python), "-c", "import lcm, agent.context_engine; print(lcm.__file__)"],
+        probe = subprocess.run([str(python), "-c", "import lcm, psycopg, agent.context_engine; print(lcm.__file__)"],
                                capture_output=True, text=True, timeout=120)
         if probe.returncode == 0 and str(REPO_ROOT) in probe.stdout:
             return venv, ""
     steps = [[sys.executable, "-m", "venv", "--clear", str(venv)],
              [str(python), "-m", "pip", "install", "-q", f"hermes-agent=={HERMES_VERSION}"],
-             [str(python), "-m", "pip", "install", "-q", "-e", str(REPO_ROOT)]]
+             [str(python), "-m", "pip", "install", "-q", "-e", f"{REPO_ROOT}[postgres]"]]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
         if done.returncode != 0:

@@ -200,6 +200,11 @@ def backend_for_url(url: URL) -> Backend:
 
         return SQLiteBackend()
     if name == "postgresql":
+        from importlib.util import find_spec
+
+        if find_spec("psycopg") is None:
+            raise ConfigError("a PostgreSQL URL needs psycopg, which comes with the postgres extra: "
+                              "pip install 'lossless-context[postgres]'")
         from lcm.store.backends.postgres import PostgresBackend
 
         return PostgresBackend()
