@@ -73,15 +73,6 @@ def _text(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
-def _choice_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in choices:
-            raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-        return value
-    return parse
-
-
 def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -128,7 +119,7 @@ class LcmConfig:
     expansion_context_tokens: int = _spec(32_000, "LCM_EXPANSION_CONTEXT_TOKENS", _int(256), "evidence budget of lcm_expand_query")
     compaction_target: float | None = _spec(None, "LCM_COMPACTION_TARGET", lambda n, r: _parse_float(n, r, 0.0, 1.0), "fraction of the window a triggered compaction brings the context down to (below the threshold; default 0.5, or two thirds of a lower threshold)")
     cache_ttl_seconds: int = _spec(300, "LCM_CACHE_TTL_SECONDS", _int(0, 86_400), "idle time after which the provider's prompt cache is taken to be cold (0: never)")
-    embeddings: str | None = _spec(None, "LCM_EMBEDDINGS", _choice_of(EMBEDDING_CHOICES), "off, local or openai: vectors for semantic and hybrid search (default: local when the [semantic] extra is installed, else off)")
+    embeddings: str | None = _spec(None, "LCM_EMBEDDINGS", _choice(EMBEDDING_CHOICES), "off, local or openai: vectors for semantic and hybrid search (default: local when the [semantic] extra is installed, else off)")
     embedding_base_url: str | None = _spec(None, "LCM_EMBEDDING_BASE_URL", _text, "OpenAI-compatible endpoint for embeddings (LCM_EMBEDDINGS=openai)")
     embedding_model: str | None = _spec(None, "LCM_EMBEDDING_MODEL", _text, "embedding model name at that endpoint")
     embedding_api_key: str | None = _spec(None, "LCM_EMBEDDING_API_KEY", _text, "key for that endpoint")
@@ -187,7 +178,7 @@ class LcmConfig:
         raw = os.environ.get("LCM_EMBEDDINGS", "").strip()
         if raw:  # a config made in code, in a process that says what it wants
             try:
-                return _choice_of(EMBEDDING_CHOICES)("LCM_EMBEDDINGS", raw)
+                return _choice(EMBEDDING_CHOICES)("LCM_EMBEDDINGS", raw)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         from importlib.util import find_spec
