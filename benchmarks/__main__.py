@@ -6,6 +6,7 @@
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
     python -m benchmarks --only cache     # prompt-cache cost against Hermes' compressor (Hermes venv)
     python -m benchmarks --only recall    # questions in plain words: recall@5/10 against bm25s
+    python -m benchmarks --only fleet     # 1-32 agent processes on one database, against raw commits
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -43,6 +44,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "startup": [{"target_mb": 5}],
         "cache": [{"turns": 30, "windows": [64_000], "sweep": [0.4]}],
         "recall": [{"messages": 2_000}],
+        "fleet": [{"seconds": 2, "counts": [1, 2]}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -53,6 +55,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "startup": [{"target_mb": 100}],
         "cache": [{"turns": 400}],
         "recall": [{"messages": 10_000}, {"messages": 100_000}],
+        "fleet": [{"seconds": 15}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in

@@ -174,9 +174,32 @@ def recall(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def fleet(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend: throughput and latency against the number of agent processes."""
+    specs = []
+    for r in results:
+        spec = TableSpec(
+            f"fleet: N agent processes on one {r['backend']} database, {r['seconds']:.0f} s each "
+            "(turns of ~640 tokens, extractive compaction, lcm_grep every 5th turn)",
+            ["agents", "turns/s", "msgs/s", "turn p50 ms", "p95", "p99", "search p95 loaded", "search p95 alone",
+             "errors", "raw commits/s", "lcm share"],
+            left=frozenset({"agents"}),
+            notes=["raw commits/s: N raw-driver processes committing one message-sized row per transaction for the "
+                   "same time (the server's own ceiling for this write shape); lcm share: lcm turns/s (one "
+                   "transaction of 4 messages each, plus compaction and search) over raw commits/s"])
+        for row in r["rows"]:
+            spec.rows.append([str(row["agents"]), f(row["turns_per_s"], 1), f(row["messages_per_s"], 0),
+                              f(row["turn_ms"]["p50"], 1), f(row["turn_ms"]["p95"], 1), f(row["turn_ms"]["p99"], 1),
+                              f(row["search_p95_ms"], 1), f(row["search_alone_p95_ms"], 1), str(row["errors"]),
+                              f(row["raw_commits_per_s"], 0),
+                              _pct(row["turns_per_s"] / row["raw_commits_per_s"]) if row["raw_commits_per_s"] else "-"])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache, "recall": recall}
+    "cache": cache, "recall": recall, "fleet": fleet}
 
 
 def markdown(spec: TableSpec) -> str:

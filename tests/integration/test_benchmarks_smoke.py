@@ -29,9 +29,16 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert title in done.stdout, title
     results = json.loads(out.read_text())["results"]
     backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
-    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall"):
+    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall", "fleet"):
         assert {r["backend"] for r in results[phase]} == backends, phase
         assert all(r["peak_rss_mb"] > 0 for r in results[phase])
+    for r in results["fleet"]:  # every agent process ran turns and searches, without an error
+        assert [row["agents"] for row in r["rows"]] == [1, 2]
+        assert all(row["turns"] > 0 and row["errors"] == 0 and row["search_p95_ms"] for row in r["rows"])
+        assert all(row["raw_commits_per_s"] > 0 for row in r["rows"])
+    plot = subprocess.run([sys.executable, "-m", "benchmarks.plot", str(out), str(tmp_path / "fleet.png")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0 and (tmp_path / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot.stderr
     for r in results["search"]:
         assert r["recall"]["found"] == r["recall"]["total"] > 0  # every needle found
     for r in results["ingest"]:
