@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -42,7 +43,10 @@ DEFAULT_CONTEXT = 128_000
 
 
 class _LineProgress:
-    """Progress for a stderr that is not a terminal (CI logs, pipes): one line per session."""
+    """Progress for a stderr that is not a terminal (CI logs, pipes): a line per session, and
+    one every ``LINE_EVERY`` seconds within a long one, so a log never goes quiet for a minute."""
+
+    LINE_EVERY = 5.0
 
     def __enter__(self) -> _LineProgress:
         return self
@@ -51,14 +55,18 @@ class _LineProgress:
         return None
 
     def add_task(self, description: str, total: int) -> int:
-        stderr.print(f"{description}: {total} turns", markup=False)
+        self.total, self.done, self.shown = total, 0, time.monotonic()
+        stderr.print(f"{description}: {total} turn{'' if total == 1 else 's'}", markup=False)
         return 0
 
     def update(self, task: int, description: str) -> None:
         stderr.print(description, markup=False)
 
     def advance(self, task: int, steps: int = 1) -> None:
-        return None
+        self.done += steps
+        if time.monotonic() - self.shown >= self.LINE_EVERY:
+            self.shown = time.monotonic()
+            stderr.print(f"  {self.done}/{self.total} turns", markup=False)
 
 
 def progress_bar(enabled: bool) -> Any:

@@ -131,3 +131,24 @@ def test_ingest_of_nothing_is_an_error_and_a_byte_order_mark_is_fine(lcm, tmp_pa
     bom.write_bytes("\ufeff".encode() + json.dumps({"role": "user", "content": "from notepad"}).encode() + b"\r\n")
     code, out, err = lcm("ingest", str(bom), "--url", url, "--session", "s1", "--json")
     assert code == 0 and json.loads(out)["sessions"][0]["added"] == 1, err
+
+
+def test_progress_outside_a_terminal_keeps_talking_during_a_long_session(tmp_path):
+    """Outside a terminal, ingest prints a line per session and, within a long one, a line every
+    few seconds (here every 0 s), in plain words: "1 turn", "N turns"."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"role": role, "content": f"{role} {i}"}) + "\n"
+                            for i in range(3) for role in ("user", "assistant")))
+    done = subprocess.run([sys.executable, "-c", "import sys; from lcm.cli import transfer, main; "
+                           "transfer._LineProgress.LINE_EVERY = 0.0; "
+                           f"main(['ingest', {str(path)!r}, '--url', 'sqlite:///{tmp_path / 'lcm.db'}', "
+                           "'--session', 's1', '--no-compact'])"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert done.returncode == 0, done.stderr
+    assert "ingest: 3 turns" in done.stderr and "  3/3 turns" in done.stderr, done.stderr
