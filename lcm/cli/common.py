@@ -29,6 +29,20 @@ url_option = click.option(
          "default: $LCM_DATABASE_URL, else ~/.lcm/lcm.db.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+tsv_option = click.option("--tsv", "as_tsv", is_flag=True,
+                          help="Print tab-separated values with a header line (for cut, awk, spreadsheets).")
+
+
+def emit_tsv(columns: list[str], rows: list[list[Any]]) -> None:
+    """A header line and one line per row, tab-separated; tabs, newlines and backslashes in a
+    value are escaped (\\t, \\n, \\\\) so every row stays one line."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(value)
+        return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
+
+    click.echo("\t".join(columns))
+    for row in rows:
+        click.echo("\t".join(cell(v) for v in row))
 agent_option = click.option(
     "--agent", envvar="LCM_AGENT_ID", default="default", show_default=True, metavar="NAME",
     help="Agent scope (a Hermes profile name; $LCM_AGENT_ID).")

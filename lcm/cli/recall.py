@@ -21,6 +21,7 @@ from rich.tree import Tree
 from lcm.cli.common import (
     agent_option,
     emit_json,
+    emit_tsv,
     json_option,
     latest_session_key,
     marked,
@@ -28,6 +29,7 @@ from lcm.cli.common import (
     open_store,
     say,
     stdout,
+    tsv_option,
     url_option,
     when,
 )
@@ -83,10 +85,12 @@ def full_message(context: ContextSession, store_id: int) -> dict[str, Any]:
 @url_option
 @agent_option
 @json_option
+@tsv_option
 @click.option("--all-agents", is_flag=True, help="Every agent's sessions.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1_000, show_default=True,
               help="Sessions to list per agent at most.")
-def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: bool, limit: int) -> None:
+def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, all_agents: bool,
+                     limit: int) -> None:
     """List sessions: messages, tokens, summaries and how much is compacted."""
     store = open_store(url)
     agents = store.sessions.agents() if all_agents else [agent]
@@ -99,6 +103,13 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
                          "created_at": s.created_at, "updated_at": s.updated_at, "origin": s.origin})
     if as_json:
         emit_json({"sessions": rows})
+        return
+    if as_tsv:
+        emit_tsv(["agent", "session_id", "aliases", "platform", "messages", "tokens", "compacted_messages",
+                  "summaries_in_context", "created_at", "updated_at"],
+                 [[r["agent"], r["session_id"], ",".join(r["aliases"]), r["platform"], r["messages"], r["tokens"],
+                   r["compacted_messages"], r["summaries_in_context"], r["created_at"], r["updated_at"]]
+                  for r in rows])
         return
     if not rows:
         say(f"no sessions for {'any agent' if all_agents else repr(agent)}")
@@ -124,6 +135,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
 @url_option
 @agent_option
 @json_option
+@tsv_option
 @click.option("--session", "session_key", metavar="ID",
               help="Search this session (messages and its summaries); default: all the agent's sessions.")
 @click.option("--role", help="Only messages of this role.")
@@ -135,7 +147,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, all_agents: boo
               help="Words, meaning (needs embeddings), or both fused; default: hybrid when embeddings "
                    "are on (LCM_EMBEDDINGS), else full_text.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Hits (at most 200).")
-def grep_command(query: str, url: str | None, agent: str, as_json: bool, session_key: str | None,
+def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv: bool, session_key: str | None,
                  role: str | None, time_from: str | None, time_to: str | None, source: str | None,
                  sort: str, mode: str | None, limit: int) -> None:
     """Search stored messages and summaries (the lcm_grep tool): every word first, then any of
@@ -148,6 +160,12 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, session
                time_from=_time_arg(time_from), time_to=_time_arg(time_to))
     if as_json:
         emit_json(res)
+        return
+    if as_tsv:
+        emit_tsv(["ref", "session_id", "kind", "timestamp", "match", "score", "snippet"],
+                 [[f"msg:{h['store_id']}" if h["type"] == "message" else f"node:{h['node_id']}",
+                   h.get("session_id"), h.get("role") or f"summary d{h.get('depth')}", h.get("timestamp"),
+                   h.get("match"), h.get("score"), h["snippet"]] for h in res["results"]])
         return
     if not res["results"]:
         say(f"no match for {query!r}")

@@ -152,3 +152,27 @@ def test_progress_outside_a_terminal_keeps_talking_during_a_long_session(tmp_pat
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
     assert done.returncode == 0, done.stderr
     assert "ingest: 3 turns" in done.stderr and "  3/3 turns" in done.stderr, done.stderr
+
+
+def test_sessions_and_grep_print_tab_separated_values_for_scripts(lcm, tmp_path):
+    import csv
+    import io
+
+    url = f"sqlite:///{tmp_path / 'lcm.db'}"
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"role": "user", "content": "line one\n\tand the marmot"}) + "\n")
+    assert lcm("ingest", str(tmp_path / "chat.jsonl"), "--url", url, "--session", "s1")[0] == 0
+    code, out, _ = lcm("sessions", "--url", url, "--tsv")
+    rows = list(csv.reader(io.StringIO(out), delimiter="\t"))
+    assert code == 0 and rows[0][:2] == ["agent", "session_id"] and rows[1][1] == "s1" and rows[1][4] == "1"
+    code, out, _ = lcm("grep", "marmot", "--url", url, "--tsv")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2 and lines[0].startswith("ref\tsession_id")
+    ref, session, kind, *_, snippet = lines[1].split("\t")
+    assert (ref[:4], session, kind) == ("msg:", "s1", "user") and snippet.endswith("**marmot**")
+
+
+def test_tsv_values_stay_on_one_line(capsys):
+    from lcm.cli.common import emit_tsv
+
+    emit_tsv(["a", "b"], [["x\ty\nz\\", None]])
+    assert capsys.readouterr().out == "a\tb\nx\\ty\\nz\\\\\t\n"
