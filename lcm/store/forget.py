@@ -38,6 +38,7 @@ from lcm.messages import message_text
 from lcm.store._core import (
     IN_CHUNK,
     StoreCore,
+    aliases_t,
     carried_t,
     edges_t,
     messages_t,
@@ -158,21 +159,21 @@ class ForgetRepository:
         return ForgetPlan(plans)
 
     def _sessions(self, conn: Connection, agent_pk: int, keys: Sequence[str]) -> list[Any]:
-        stmt = select(sessions_t).where(sessions_t.c.agent_id == agent_pk).order_by(sessions_t.c.id)
-        rows = list(conn.execute(stmt))
+        """The agent's sessions (those ``keys`` name, own key or alias, when given), oldest first;
+        a key that names none is an error, not silently nothing."""
+        rows = list(conn.execute(select(sessions_t).where(sessions_t.c.agent_id == agent_pk).order_by(sessions_t.c.id)))
         if not keys:
             return rows
-        from lcm.store._core import aliases_t
-
         wanted = set(keys)
-        aliased = {r.session_id for r in conn.execute(select(aliases_t.c.session_id).where(
-            aliases_t.c.agent_id == agent_pk, aliases_t.c.session_key.in_(sorted(wanted))))}
-        chosen = [r for r in rows if r.session_key in wanted or r.id in aliased]
-        known = {r.session_key for r in chosen} | {k for k in wanted if any(r.id in aliased for r in chosen)}
-        missing = wanted - known
+        by_key = {r.session_key: r.id for r in rows if r.session_key in wanted}
+        for key, session_pk in conn.execute(select(aliases_t.c.session_key, aliases_t.c.session_id).where(
+                aliases_t.c.agent_id == agent_pk, aliases_t.c.session_key.in_(sorted(wanted)))):
+            by_key.setdefault(key, session_pk)  # a key that names a session of its own keeps naming it
+        missing = wanted - set(by_key)
         if missing:
             raise ConfigError(f"no session {', '.join(sorted(missing))} for agent; lcm sessions lists them")
-        return chosen
+        chosen = set(by_key.values())
+        return [r for r in rows if r.id in chosen]
 
     def _session_plan(self, conn: Connection, session: Any, selector: ForgetSelector,
                       pattern: re.Pattern[str] | None) -> SessionForget | None:

@@ -156,3 +156,14 @@ def test_forgetting_a_session_or_a_time_range(store, session, lcm, db_url):
 def test_forget_refuses_what_it_cannot_do_exactly(store, session, lcm, db_url, args, says):
     code, _, err = lcm("forget", "--url", db_url, "--agent", "agent-a", *args, "--yes")
     assert code == 1 and says in err, err
+
+
+def test_forget_names_sessions_by_key_or_alias_and_reports_every_unknown_one(store, session, lcm, db_url):
+    store.sessions.alias("agent-a", "session-1-rotated", session.id)
+    append_messages(store, session.id, [{"role": "user", "content": "m0"}])
+    code, _, err = lcm("forget", "--url", db_url, "--agent", "agent-a", "--session", "session-1-rotated",
+                       "--session", "typo", "--yes")
+    assert code == 1 and "no session typo" in err  # the alias is known, the typo is not
+    code, out, err = lcm("forget", "--url", db_url, "--agent", "agent-a", "--session", "session-1-rotated",
+                         "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["sessions"][0]["session_id"] == "session-1", err
