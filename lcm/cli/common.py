@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
 from lcm.config import LcmConfig
@@ -46,6 +48,46 @@ def emit_tsv(columns: list[str], rows: list[list[Any]]) -> None:
 agent_option = click.option(
     "--agent", envvar="LCM_AGENT_ID", default="default", show_default=True, metavar="NAME",
     help="Agent scope (a Hermes profile name; $LCM_AGENT_ID).")
+
+
+class LineProgress:
+    """rich's ``Progress`` calls, for a stderr that is not a terminal (CI logs, pipes): a line
+    per task and per update, and one every ``LINE_EVERY`` seconds while a task advances, so a
+    log never goes quiet for a minute."""
+
+    LINE_EVERY = 5.0
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, unit: str = "turns") -> int:
+        self.total, self.done, self.shown, self.unit = total, 0, time.monotonic(), unit
+        stderr.print(f"{description}: {total} {unit.removesuffix('s') if total == 1 else unit}", markup=False)
+        return 0
+
+    def update(self, task: int, description: str) -> None:
+        stderr.print(description, markup=False)
+
+    def advance(self, task: int, steps: int = 1) -> None:
+        self.done += steps
+        if time.monotonic() - self.shown >= self.LINE_EVERY:
+            self.shown = time.monotonic()
+            stderr.print(f"  {self.done}/{self.total} {self.unit}", markup=False)
+
+
+def progress_bar(enabled: bool) -> Any:
+    """Progress on stderr (stdout stays clean for --json and pipes): a live bar in a terminal,
+    plain lines elsewhere (:class:`LineProgress`), nothing when not ``enabled``. Used as a
+    context manager; ``add_task(description, total, unit=...)`` and ``advance(task, n)``."""
+    if not enabled:
+        return nullcontext(None)
+    if not stderr.is_terminal:
+        return LineProgress()
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=stderr, transient=True)
 
 
 def require_existing(url: str | None) -> None:

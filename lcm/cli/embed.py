@@ -8,31 +8,13 @@ queue: interrupted, it resumes where it stopped; run again, it embeds nothing tw
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from lcm.cli.common import emit_json, json_option, open_store, say, stderr, url_option
+from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, url_option
 from lcm.config import LcmConfig
 from lcm.context.embed import backfill, embedder_for
 from lcm.errors import ConfigError
-
-#: Outside a terminal, a progress line at most this often (seconds).
-LINE_EVERY = 5.0
-
-
-class _Lines:
-    """Progress for a stderr that is not a terminal: a line every ``LINE_EVERY`` seconds."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.shown = total, 0, time.monotonic()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if time.monotonic() - self.shown >= LINE_EVERY:
-            self.shown = time.monotonic()
-            stderr.print(f"embed: {self.done}/{self.total}", markup=False)
 
 
 @click.command("embed")
@@ -54,22 +36,12 @@ def embed_command(url: str | None, agent: str | None, as_json: bool, batch: int,
     store = open_store(url)
     before = store.vectors.coverage(embedder.model, agent=agent)
     started = time.perf_counter()
-    bar: Any = None
-    if not as_json and before.pending:
-        if stderr.is_terminal:
-            bar = Progress(TextColumn("embed"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TimeRemainingColumn(), console=stderr, transient=True)
-        else:
-            bar = _Lines(before.pending)
-            stderr.print(f"embed: {before.pending} rows without a vector of {embedder.model}", markup=False)
-    if isinstance(bar, Progress):
-        with bar:
-            task = bar.add_task("embed", total=before.pending)
-            done = backfill(store.vectors, embedder, agent=agent, batch=batch,
-                            progress=lambda n: bar.advance(task, n))
-    else:
-        done = backfill(store.vectors, embedder, agent=agent, batch=batch,
-                        progress=bar.advance if bar is not None else None)
+    with progress_bar(not as_json and before.pending > 0) as bar:
+        progress = None
+        if bar is not None:
+            task = bar.add_task(f"embed with {embedder.model}", total=before.pending, unit="rows")
+            progress = lambda n: bar.advance(task, n)  # noqa: E731 - one call site
+        done = backfill(store.vectors, embedder, agent=agent, batch=batch, progress=progress)
     seconds = time.perf_counter() - started
     pruned = store.vectors.prune(embedder.model, agent=agent) if prune else 0
     after = store.vectors.coverage(embedder.model, agent=agent)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_store, say, stderr, stdout, url_option
+from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, stderr, stdout, url_option
 from lcm.store import Store
 from lcm.store import connection as db
 from lcm.store.sync import SessionPlan, StoreSync, SyncReport
@@ -32,35 +31,25 @@ def migrate_command(url: str | None, target_url: str, as_json: bool, merge: bool
     source = open_store(url)
     target = Store.open(db.resolve_url(target_url), upgrade=True)
     sync = StoreSync(source._core, target._core, merge=merge, batch=batch)
-    bar: Any = None
-    task: Any = None
+    with progress_bar(not as_json and not dry_run) as bar:
+        task: Any = None
 
-    def sized(plans: list[SessionPlan]) -> None:
-        nonlocal bar, task
-        total = sum(p.to_copy for p in plans)
-        if as_json or dry_run or not total:
-            return
-        if stderr.is_terminal:
-            bar = Progress(TextColumn("migrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TimeRemainingColumn(), console=stderr, transient=True)
-            bar.start()
-            task = bar.add_task("migrate", total=total)
-        else:
-            stderr.print(f"migrate: {total} messages in {len(plans)} sessions to copy", markup=False)
+        def sized(plans: list[SessionPlan]) -> None:
+            nonlocal task
+            total = sum(p.to_copy for p in plans)
+            if bar is not None and total:
+                task = bar.add_task(f"migrate {len(plans)} sessions", total=total, unit="messages")
 
-    def advance(n: int) -> None:
-        if bar is not None:
-            bar.advance(task, n)
+        def advance(n: int) -> None:
+            if task is not None:
+                bar.advance(task, n)
 
-    try:
-        report = sync.run(progress=advance, dry_run=dry_run, on_plan=sized)
-    except KeyboardInterrupt:
-        stderr.print("migrate: interrupted; the sessions copied so far are kept: run the same command again "
-                     "to continue", markup=False)
-        raise
-    finally:
-        if bar is not None:
-            bar.stop()
+        try:
+            report = sync.run(progress=advance, dry_run=dry_run, on_plan=sized)
+        except KeyboardInterrupt:
+            stderr.print("migrate: interrupted; the sessions copied so far are kept: run the same command again "
+                         "to continue", markup=False)
+            raise
     _show(report, source, target, as_json=as_json, dry_run=dry_run)
     if not dry_run and not report.verified:
         raise click.exceptions.Exit(1)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lcm.cli.common import (
@@ -20,6 +17,7 @@ from lcm.cli.common import (
     emit_json,
     json_option,
     open_store,
+    progress_bar,
     say,
     stderr,
     stdout,
@@ -40,44 +38,6 @@ from lcm.transfer import (
 )
 
 DEFAULT_CONTEXT = 128_000
-
-
-class _LineProgress:
-    """Progress for a stderr that is not a terminal (CI logs, pipes): a line per session, and
-    one every ``LINE_EVERY`` seconds within a long one, so a log never goes quiet for a minute."""
-
-    LINE_EVERY = 5.0
-
-    def __enter__(self) -> _LineProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def add_task(self, description: str, total: int) -> int:
-        self.total, self.done, self.shown = total, 0, time.monotonic()
-        stderr.print(f"{description}: {total} turn{'' if total == 1 else 's'}", markup=False)
-        return 0
-
-    def update(self, task: int, description: str) -> None:
-        stderr.print(description, markup=False)
-
-    def advance(self, task: int, steps: int = 1) -> None:
-        self.done += steps
-        if time.monotonic() - self.shown >= self.LINE_EVERY:
-            self.shown = time.monotonic()
-            stderr.print(f"  {self.done}/{self.total} turns", markup=False)
-
-
-def progress_bar(enabled: bool) -> Any:
-    """Progress on stderr (stdout stays clean for --json and pipes): a live bar in a terminal,
-    plain lines elsewhere."""
-    if not enabled:
-        return nullcontext(None)
-    if not stderr.is_terminal:
-        return _LineProgress()
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=stderr, transient=True)
 
 
 def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compact: bool, show_progress: bool,

@@ -145,8 +145,8 @@ def test_progress_outside_a_terminal_keeps_talking_during_a_long_session(tmp_pat
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps({"role": role, "content": f"{role} {i}"}) + "\n"
                             for i in range(3) for role in ("user", "assistant")))
-    done = subprocess.run([sys.executable, "-c", "import sys; from lcm.cli import transfer, main; "
-                           "transfer._LineProgress.LINE_EVERY = 0.0; "
+    done = subprocess.run([sys.executable, "-c", "import sys; from lcm.cli import common, main; "
+                           "common.LineProgress.LINE_EVERY = 0.0; "
                            f"main(['ingest', {str(path)!r}, '--url', 'sqlite:///{tmp_path / 'lcm.db'}', "
                            "'--session', 's1', '--no-compact'])"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env={**os.environ})
