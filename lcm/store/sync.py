@@ -329,12 +329,15 @@ class StoreSync:
 
     def _copy_vectors(self, src: Connection, dst: Connection, source_pk: int, target_pk: int, agent_pk: int,
                       message_map: dict[int, int]) -> int:
-        copied, after = 0, 0
+        """The session's vectors the target lacks; returns how many were written (counted once
+        before and once after, not per batch: a count reads every vector of the session)."""
+        before = self._count(dst, vectors_t, session_id=target_pk)
+        after = 0
         while True:
             rows = src.execute(select(vectors_t).where(vectors_t.c.session_id == source_pk, vectors_t.c.id > after)
                                .order_by(vectors_t.c.id).limit(self.batch)).all()
             if not rows:
-                return copied
+                return self._count(dst, vectors_t, session_id=target_pk) - before
             after = rows[-1].id
             for kind in ("message_id", "summary_id"):
                 mapping = message_map if kind == "message_id" else self._summary_map
@@ -345,9 +348,7 @@ class StoreSync:
                            "created_at": r.created_at}
                           for r in rows if r._mapping[kind] is not None]
                 if values:
-                    before = self._count(dst, vectors_t, session_id=target_pk)
                     self.target.backend.insert_ignore(dst, vectors_t, values, [kind, "model"])
-                    copied += self._count(dst, vectors_t, session_id=target_pk) - before
 
     def _copy_carried(self, src: Connection, dst: Connection) -> None:
         rows = [{"session_id": self._session_map[r.session_id], "summary_id": self._summary_map[r.summary_id],
