@@ -37,6 +37,8 @@ COUNTED_CAP = 10_000
 
 
 def _compile(patterns: Sequence[str]) -> list[Any]:
+    if not patterns:  # the usual case: nothing to import at engine construction
+        return []
     import regex  # tiktoken's dependency: matches with a timeout, unlike re
 
     compiled = []
