@@ -7,6 +7,10 @@ Each run holds the database's write lock for its whole duration (``BEGIN IMMEDIA
 a session-level advisory lock on PostgreSQL), so two processes upgrading at once run one after
 the other and the second finds nothing to do. DDL is transactional on both: a failed upgrade
 leaves the previous revision intact.
+
+Online on PostgreSQL: each DDL statement waits at most ``LCM_MIGRATION_LOCK_TIMEOUT_MS`` for
+its lock (agents keep working meanwhile; the run is retried), big indexes are built
+``CONCURRENTLY``; see docs/storage.md, "Upgrading a database agents are using".
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from alembic import context
+from lcm.config import migration_lock_timeout_ms
+from lcm.errors import ConfigError
 from lcm.store import connection as db
 from lcm.store.migrations import ADVISORY_LOCK_KEY, VERSION_TABLE, include_object
 from lcm.store.schema import Base
@@ -62,6 +68,11 @@ def run_migrations_online() -> None:
         with engine.connect().execution_options(lcm_write=True) as connection:
             _configure(connection=connection, render_as_batch=url.get_backend_name() == "sqlite")
             postgres = connection.dialect.name == "postgresql"
+            if postgres and connection.info.get("lcm_pooler"):
+                raise ConfigError(
+                    f"{db.display_url(url)} goes through a transaction-mode pooler (PgBouncer), and an "
+                    "upgrade needs one session throughout (an advisory lock, CREATE INDEX CONCURRENTLY): "
+                    "run `lcm db upgrade --url` against the PostgreSQL server itself")
             if postgres:
                 # Session-level (not transaction-level): revisions may commit mid-way to build
                 # an index CONCURRENTLY, and the lock must hold until the whole run is done.
@@ -71,7 +82,14 @@ def run_migrations_online() -> None:
                 level = connection.default_isolation_level
                 connection.commit()
                 connection.execution_options(isolation_level="AUTOCOMMIT")
+                # Wait for another upgrade as long as it takes; then no statement limit (a
+                # backfill may run long) but a short lock limit on each DDL statement: one
+                # waiting for a lock an agent holds would queue every agent behind it, so it
+                # gives up instead and the run is retried (lcm.store.migrations.upgrade).
+                connection.execute(text("SET lock_timeout = 0"))
                 connection.execute(text(_LOCK.format(fn="pg_advisory_lock")), {"k": ADVISORY_LOCK_KEY})
+                connection.execute(text("SET statement_timeout = 0"))
+                connection.execute(text(f"SET lock_timeout = {migration_lock_timeout_ms()}"))
                 connection.commit()
                 connection.execution_options(isolation_level=level)
             try:

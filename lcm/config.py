@@ -214,6 +214,11 @@ PROCESS_VARIABLES: dict[str, str] = {
     "LCM_TOKENIZER_CACHE": "0 turns the parsed-tokenizer cache off",
     "LCM_TIKTOKEN_DOWNLOAD": "1 lets tiktoken download a model's encoding",
     "LCM_SQLITE_BUSY_TIMEOUT_MS": "how long a SQLite write waits for another writer's lock",
+    "LCM_PG_STATEMENT_TIMEOUT_MS": "PostgreSQL statement_timeout of lcm's connections (default 60000; 0: none)",
+    "LCM_PG_LOCK_TIMEOUT_MS": "PostgreSQL lock_timeout of lcm's connections (default 15000; 0: none)",
+    "LCM_MIGRATION_LOCK_TIMEOUT_MS": "how long one DDL statement of `lcm db upgrade` waits for a lock on PostgreSQL before the run backs off and retries (default 2000)",
+    "LCM_PG_POOLER": "auto, transaction or none: whether lcm connects through a transaction-mode pooler such as PgBouncer (auto: detected)",
+    "LCM_APPLICATION_NAME": "application_name of lcm's PostgreSQL connections (default: lcm, or lcm-cli <command>)",
     "LCM_DEBUG": "the command line shows the traceback of an unexpected error",
 }
 
@@ -258,12 +263,69 @@ def tiktoken_download_allowed() -> bool:
     return os.environ.get("LCM_TIKTOKEN_DOWNLOAD", "").strip() == "1"
 
 
-def sqlite_busy_timeout_ms() -> int:
-    """``LCM_SQLITE_BUSY_TIMEOUT_MS``: how long a SQLite write waits for the write lock."""
-    raw = os.environ.get("LCM_SQLITE_BUSY_TIMEOUT_MS", "").strip()
+def _process_int(name: str, default: int, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_SQLITE_BUSY_TIMEOUT_MS
+        return default
     try:
-        return _parse_int("LCM_SQLITE_BUSY_TIMEOUT_MS", raw, 0, 3_600_000)
+        return _parse_int(name, raw, low, high)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def sqlite_busy_timeout_ms() -> int:
+    """``LCM_SQLITE_BUSY_TIMEOUT_MS``: how long a SQLite write waits for the write lock."""
+    return _process_int("LCM_SQLITE_BUSY_TIMEOUT_MS", DEFAULT_SQLITE_BUSY_TIMEOUT_MS, 0, 3_600_000)
+
+
+#: A statement of an agent's turn takes milliseconds; one that runs for a minute is stuck
+#: (or blocked by something that is), and holding its locks longer only spreads the problem.
+DEFAULT_PG_STATEMENT_TIMEOUT_MS = 60_000
+#: Writers to one session wait for each other's row lock (transactions of milliseconds) and for
+#: a migration's brief DDL locks; 15 s of waiting means something is wrong, so fail and say so.
+DEFAULT_PG_LOCK_TIMEOUT_MS = 15_000
+POOLER_CHOICES = ("auto", "transaction", "none")
+
+
+def pg_statement_timeout_ms() -> int:
+    """``LCM_PG_STATEMENT_TIMEOUT_MS``: statement_timeout of lcm's PostgreSQL connections."""
+    return _process_int("LCM_PG_STATEMENT_TIMEOUT_MS", DEFAULT_PG_STATEMENT_TIMEOUT_MS, 0, 86_400_000)
+
+
+def pg_lock_timeout_ms() -> int:
+    """``LCM_PG_LOCK_TIMEOUT_MS``: lock_timeout of lcm's PostgreSQL connections."""
+    return _process_int("LCM_PG_LOCK_TIMEOUT_MS", DEFAULT_PG_LOCK_TIMEOUT_MS, 0, 86_400_000)
+
+
+#: A DDL statement waiting for a lock makes every later query on that table wait behind it:
+#: two seconds of that is the most an upgrade may cost the agents at a time.
+DEFAULT_MIGRATION_LOCK_TIMEOUT_MS = 2_000
+
+
+def migration_lock_timeout_ms() -> int:
+    """``LCM_MIGRATION_LOCK_TIMEOUT_MS``: lock wait of one DDL statement of an upgrade."""
+    return _process_int("LCM_MIGRATION_LOCK_TIMEOUT_MS", DEFAULT_MIGRATION_LOCK_TIMEOUT_MS, 1, 3_600_000)
+
+
+def pg_pooler() -> str:
+    """``LCM_PG_POOLER``: ``auto`` (detect a transaction-mode pooler), ``transaction`` or ``none``."""
+    raw = os.environ.get("LCM_PG_POOLER", "").strip().lower() or "auto"
+    if raw not in POOLER_CHOICES:
+        raise ConfigError(f"LCM_PG_POOLER must be one of {', '.join(POOLER_CHOICES)}, got {raw!r}")
+    return raw
+
+
+_application_name = "lcm"
+
+
+def set_default_application_name(name: str) -> None:
+    """The application_name of connections opened from now on when LCM_APPLICATION_NAME is
+    not set (the command line names its command; PostgreSQL keeps the first 63 bytes)."""
+    global _application_name
+    _application_name = name
+
+
+def application_name() -> str:
+    """``LCM_APPLICATION_NAME``, else the process default (``lcm``; ``lcm-cli <command>`` on
+    the command line): how lcm's connections show in pg_stat_activity."""
+    return os.environ.get("LCM_APPLICATION_NAME", "").strip() or _application_name

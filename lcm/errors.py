@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of what an exception (or the driver error under it, ``exc.orig``) says:
@@ -32,7 +37,32 @@ class SchemaMismatchError(LcmError):
 
 
 class DatabaseUnavailableError(LcmError):
-    """The database cannot be reached or opened (wrong URL, server down, bad credentials)."""
+    """The database cannot be reached or opened (wrong URL, server down, bad credentials).
+
+    ``retryable``: the connection dropped before anything was committed (a server restart, a
+    pooler restart, a killed backend), so running the same operation again on a new connection
+    is safe and likely to work. A drop while the commit was in flight is not retryable: whether
+    it landed is unknown, and lcm's next turn reconciles either way (ingest aligns by identity).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def retry_dropped(action: Callable[[], T]) -> T:
+    """``action()``, run once more when it failed on a dropped connection before any commit.
+
+    Host adapters wrap each turn-level operation (store a turn, compact, run a tool) in this:
+    those operations are idempotent (messages are aligned by identity, compaction is planned
+    from what is stored), so a second run does exactly what the first would have done.
+    """
+    try:
+        return action()
+    except DatabaseUnavailableError as exc:
+        if not exc.retryable:
+            raise
+        return action()
 
 
 class IntegrityViolation(LcmError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from alembic import op
+from lcm.store.migrations import create_index_online
 
 revision = "0002_search_index"
 down_revision = "0001_core_schema"
@@ -114,14 +115,12 @@ def upgrade() -> None:
     # Built without blocking writers on a big existing table (needs its own transaction).
     # The (agent_id, id) indexes let a search walk one agent's newest rows among many agents'.
     with op.get_context().autocommit_block():
-        op.create_index("ix_lcm_messages_search_vector", "lcm_messages", ["search_vector"],
-                        postgresql_using="gin", postgresql_concurrently=True, if_not_exists=True)
-        op.create_index("ix_lcm_summaries_search_vector", "lcm_summaries", ["search_vector"],
-                        postgresql_using="gin", postgresql_concurrently=True, if_not_exists=True)
-        op.create_index("ix_lcm_messages_agent_recent", "lcm_messages", ["agent_id", "id"],
-                        postgresql_concurrently=True, if_not_exists=True)
-        op.create_index("ix_lcm_summaries_agent_recent", "lcm_summaries", ["agent_id", "id"],
-                        postgresql_concurrently=True, if_not_exists=True)
+        create_index_online("ix_lcm_messages_search_vector", "lcm_messages", ["search_vector"],
+                            postgresql_using="gin")
+        create_index_online("ix_lcm_summaries_search_vector", "lcm_summaries", ["search_vector"],
+                            postgresql_using="gin")
+        create_index_online("ix_lcm_messages_agent_recent", "lcm_messages", ["agent_id", "id"])
+        create_index_online("ix_lcm_summaries_agent_recent", "lcm_summaries", ["agent_id", "id"])
 
 
 def downgrade() -> None:

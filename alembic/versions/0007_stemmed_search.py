@@ -20,6 +20,7 @@ Create Date: 2026-11-25
 from __future__ import annotations
 
 from alembic import op
+from lcm.store.migrations import create_index_online
 
 revision = "0007_stemmed_search"
 down_revision = "0006_system_prompts"
@@ -75,8 +76,7 @@ def upgrade() -> None:
             f"to_tsvector('english'::regconfig, coalesce(search_text, content, '')) || {_pg_scope(base)}) STORED")
     with op.get_context().autocommit_block():
         for base, _, _ in _TABLES:
-            op.create_index(f"ix_{base}_search_stems", base, ["search_stems"], postgresql_using="gin",
-                            postgresql_concurrently=True, if_not_exists=True)
+            create_index_online(f"ix_{base}_search_stems", base, ["search_stems"], postgresql_using="gin")
 
 
 def downgrade() -> None:

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from lcm.cli.common import run_guarded
+from lcm.cli.common import name_connections, run_guarded
 from lcm.cli.db import db_group
 from lcm.cli.demo import demo_command
 from lcm.cli.embed import embed_command
@@ -27,8 +27,10 @@ from lcm.cli.transfer import export_command, ingest_command
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lossless-context", prog_name="lcm")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Lossless Context Management: every message kept, a summary DAG, recall tools."""
+    name_connections(ctx)
 
 
 for command in (demo_command, ingest_command, export_command, sessions_command, status_command,

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from lcm.config import LcmConfig
+from lcm.config import LcmConfig, set_default_application_name
 from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError, NotFoundError, first_line
@@ -147,6 +147,14 @@ def marked(snippet: str) -> Text:
     for i, part in enumerate(snippet.split("**")):
         text.append(part, style="bold yellow" if i % 2 else "")
     return text
+
+
+def name_connections(ctx: click.Context) -> None:
+    """Name this process's PostgreSQL connections after the command being run (a group calls
+    it again with its own subcommand): pg_stat_activity shows ``lcm-cli db upgrade`` next to
+    the agents' ``lcm``. ``LCM_APPLICATION_NAME`` overrides it."""
+    words = [*ctx.command_path.split()[1:], ctx.invoked_subcommand or ""]
+    set_default_application_name(" ".join(["lcm-cli", *filter(None, words)]))
 
 
 def say(text: str) -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import click
 
-from lcm.cli.common import emit_json, json_option, require_existing, say, url_option
+from lcm.cli.common import emit_json, json_option, name_connections, require_existing, say, stderr, url_option
 from lcm.errors import ConfigError
 from lcm.store import connection as dbmod
 from lcm.store import migrations
 
 
 @click.group("db")
-def db_group() -> None:
+@click.pass_context
+def db_group(ctx: click.Context) -> None:
     """Create, upgrade and inspect the database schema."""
+    name_connections(ctx)
 
 
 @db_group.command("upgrade")
@@ -33,7 +35,9 @@ def upgrade_command(url: str | None, as_json: bool, revision: str) -> None:
         if before.current in known and known.index(before.current) > known.index(revision):
             raise ConfigError(f"the database is at {before.current}, ahead of {revision}: an upgrade never goes "
                               f"back (lcm db downgrade {revision} --yes does, and can delete data)")
-    migrations.upgrade(target, revision)
+    migrations.upgrade(target, revision, on_retry=lambda attempt, reason: stderr.print(
+        f"lcm: a lock the upgrade needs is held by a running transaction ({reason}); nothing was changed, "
+        f"trying again (attempt {attempt + 1} of {migrations.UPGRADE_ATTEMPTS})", markup=False))
     after = migrations.state_at(target)
     if as_json:
         emit_json({"database": dbmod.display_url(target), "from": before.current, "to": after.current})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from lcm.cli.common import emit_json, json_option, say, stderr
+from lcm.cli.common import emit_json, json_option, name_connections, say, stderr
 from lcm.hermes.install import SetupReport, default_home, install, uninstall
 
 
@@ -34,8 +34,10 @@ def _show(report: SetupReport, verb: str) -> None:
 
 
 @click.group("hermes")
-def hermes_group() -> None:
+@click.pass_context
+def hermes_group(ctx: click.Context) -> None:
     """Install lcm as the Hermes agent's context engine, or remove it."""
+    name_connections(ctx)
 
 
 @hermes_group.command("install")

@@ -27,7 +27,7 @@ from lcm.config import LcmConfig, default_sqlite_path
 from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
 from lcm.context.summarize import Summarizer
-from lcm.errors import DatabaseUnavailableError, InvalidMessageError
+from lcm.errors import DatabaseUnavailableError, InvalidMessageError, retry_dropped
 from lcm.hermes import hooks
 from lcm.hermes.host import HERMES_AVAILABLE, ContextEngineBase, hermes_home_from, profile_name
 from lcm.hermes.routes import HermesAuxiliaryRoute
@@ -168,7 +168,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
     def _guarded(self, where: str, action: Callable[[], T], fallback: T) -> T:
         try:
             with self._lock:
-                return action()
+                return retry_dropped(action)
         except Exception as exc:  # noqa: BLE001 - never raise into the host
             self.context.note_failure(where, exc)
             return fallback
@@ -179,7 +179,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
     def open_session(self, session_id: str, **kwargs: Any) -> SessionRecord | None:
         """``on_session_start`` for callers that want failures raised."""
         with self._lock:
-            return self._start(session_id, kwargs)
+            return retry_dropped(lambda: self._start(session_id, kwargs))
 
     def _start(self, session_id: str, kwargs: Mapping[str, Any]) -> SessionRecord | None:
         self._adopt_home(kwargs)
@@ -249,8 +249,8 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         itself when nothing changes or anything fails: the reason is in the status)."""
         try:
             with self._lock:
-                return self.context.turn(messages, current_tokens=current_tokens, focus=focus_topic,
-                                         force=force)
+                return retry_dropped(lambda: self.context.turn(
+                    messages, current_tokens=current_tokens, focus=focus_topic, force=force))
         except Exception as exc:  # noqa: BLE001 - the host keeps its transcript; status says why
             self.context.note_failure("compress", exc)
             self.context.last_outcome = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}",
@@ -284,15 +284,19 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
 
     def handle_tool_call(self, name: str, args: dict[str, Any], **kwargs: Any) -> str:
         """Ingest the live transcript first (so this turn is findable), then run the tool."""
+        messages = kwargs.get("messages")
+
+        def call() -> str:
+            if messages:
+                try:
+                    self.context.ingest(messages)
+                except InvalidMessageError as exc:
+                    log.warning("lcm: could not store the live transcript: %s", exc)
+            return run_tool(self.context, name, args)
+
         try:
             with self._lock:
-                messages = kwargs.get("messages")
-                if messages:
-                    try:
-                        self.context.ingest(messages)
-                    except InvalidMessageError as exc:
-                        log.warning("lcm: could not store the live transcript: %s", exc)
-                return run_tool(self.context, name, args)
+                return retry_dropped(call)
         except DatabaseUnavailableError as exc:
             self.context.note_failure(f"tool {name}", exc)
             return json.dumps({"error": f"{name}: the lcm database is unavailable right now ({exc}); "

@@ -153,19 +153,22 @@ class StoreCore:
                     yield conn
         except OperationalError as exc:
             raise DatabaseUnavailableError(
-                f"read from {self.location} failed: {first_line(exc)}") from exc
+                f"read from {self.location} failed: {first_line(exc)}",
+                retryable=exc.connection_invalidated) from exc
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """One write transaction. A write that fails because of this machine (a SQLite file
         made read-only) is retried once when lcm could remove the cause and nothing was
-        written yet; the error names what blocks writes."""
-        healed = yielded = False
+        written yet; the error names what blocks writes. A connection that drops before the
+        commit is sent raises a ``retryable`` error (``lcm.errors.retry_dropped``)."""
+        healed = yielded = committing = False
         while True:
             try:
                 with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
                     yielded = True
                     yield conn
+                    committing = True  # the body is done: leaving the block commits
                 return
             except OperationalError as exc:
                 blocked, fixed = self.backend.write_blocked(self.url, heal=True)
@@ -177,7 +180,8 @@ class StoreCore:
                     continue
                 cause = f"; {blocked}" if blocked else ""
                 raise DatabaseUnavailableError(
-                    f"write to {self.location} failed: {first_line(exc)}{cause}") from exc
+                    f"write to {self.location} failed: {first_line(exc)}{cause}",
+                    retryable=exc.connection_invalidated and not committing) from exc
 
     def schema_state(self) -> migrations.SchemaState:
         """Where the database's schema stands against this lcm's migrations."""

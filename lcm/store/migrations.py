@@ -12,6 +12,8 @@ Alembic history); Alembic itself is only imported when something has to change.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,10 +117,58 @@ def state_at(url: URL) -> SchemaState:
         engine.dispose()
 
 
-def upgrade(url: URL, revision: str = "head") -> None:
+#: Runs of an upgrade that gave up waiting for a lock (``LCM_MIGRATION_LOCK_TIMEOUT_MS``)
+#: before lcm stops trying; between runs it backs off (0.5 s more each time, at most 5 s).
+UPGRADE_ATTEMPTS = 30
+
+
+def _gave_up_on_a_lock(exc: BaseException) -> bool:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "55P03"  # lock_not_available
+
+
+def upgrade(url: URL, revision: str = "head", *,
+            on_retry: Callable[[int, str], None] | None = None) -> None:
+    """Upgrade the schema to ``revision``. On PostgreSQL a DDL statement that waits too long
+    for a lock an agent holds gives up (the run rolls back whole, nothing half-done) and the
+    run is retried after a pause, so agents are never queued behind the upgrade for long;
+    ``on_retry(attempt, reason)`` is told of each retry."""
     from alembic import command
 
-    command.upgrade(alembic_config(url), revision)
+    for attempt in range(1, UPGRADE_ATTEMPTS + 1):
+        try:
+            command.upgrade(alembic_config(url), revision)
+            return
+        except OperationalError as exc:
+            if not _gave_up_on_a_lock(exc):
+                raise
+            if attempt == UPGRADE_ATTEMPTS:
+                raise DatabaseUnavailableError(
+                    f"the upgrade of {connection.display_url(url)} gave up after {attempt} tries: a lock it "
+                    f"needs stayed held ({first_line(exc)}). Find the holder with SELECT pid, "
+                    "application_name, state, xact_start, query FROM pg_stat_activity WHERE datname = "
+                    "current_database() ORDER BY xact_start, end it or wait for it, then run "
+                    "`lcm db upgrade` again (nothing was changed)") from exc
+            if on_retry is not None:
+                on_retry(attempt, first_line(exc))
+            time.sleep(min(5.0, 0.5 * attempt))
+
+
+def create_index_online(name: str, table: str, columns: list[str], **kw: Any) -> None:
+    """``CREATE INDEX CONCURRENTLY IF NOT EXISTS`` for a revision (inside
+    ``op.get_context().autocommit_block()``): writers are not blocked while it builds. A build
+    that was interrupted (a lock timeout, a cancelled upgrade) leaves an INVALID index behind,
+    which ``IF NOT EXISTS`` would keep; it is dropped first so the retry builds a valid one."""
+    from alembic import op
+
+    bind = op.get_bind()
+    invalid = bind.execute(text(
+        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = :name AND n.nspname = current_schema() AND NOT i.indisvalid"),
+        {"name": name}).first()
+    if invalid is not None:
+        op.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+    op.create_index(name, table, columns, postgresql_concurrently=True, if_not_exists=True, **kw)
 
 
 def downgrade(url: URL, revision: str) -> None:

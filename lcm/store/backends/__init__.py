@@ -6,8 +6,8 @@ One class per dialect, one method per documented difference:
 ==========================  ==============================  ===================================
 difference                  SQLite (``sqlite.py``)          PostgreSQL (``postgres.py``)
 ==========================  ==============================  ===================================
-connection setup            WAL, busy timeout, FKs on,      pool pre-ping, connect timeout
-                            ``BEGIN IMMEDIATE`` for writes
+connection setup            WAL, busy timeout, FKs on,      idle ping, timeouts, names,
+                            ``BEGIN IMMEDIATE`` for writes  PgBouncer detection
 search index upkeep         FTS5 external content, triggers ``search_vector`` written at insert
 search query                FTS5 ``MATCH``; BM25 over the   ``@@ tsquery`` + ``ts_rank_cd``
                             window (``window_rank.py``)

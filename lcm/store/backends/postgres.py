@@ -14,20 +14,27 @@ syntax error and never reaches SQL other than as a bound parameter.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, TextClause, text
+from sqlalchemy import Connection, Engine, Table, TextClause, event, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DisconnectionError
 
+from lcm.config import application_name, pg_lock_timeout_ms, pg_pooler, pg_statement_timeout_ms
 from lcm.records import Candidate, CheckResult
 from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.textindex import Query, Term, tokenize
 
+log = logging.getLogger("lcm")
+
+#: A pooled connection unused for this long is pinged before it is handed out (seconds).
+IDLE_PING_S = 2.0
 MAX_POSITION = 16383  # PostgreSQL clamps positions above this
 #: Phase 1 of a search looks at this many newest rows of the scope (see ``_search``).
 PROBE_ROWS = 2000
@@ -176,7 +183,10 @@ class _PhaseQuery:
 
 class PostgresBackend(Backend):
     name = "postgresql"
-    pool_options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+    #: No ``pool_pre_ping``: it costs a round trip on every checkout, several per turn. A
+    #: connection is pinged only after sitting idle (``IDLE_PING_S``, see ``configure_engine``),
+    #: and one that drops mid-transaction raises a retryable error (``lcm.errors.retry_dropped``).
+    pool_options = {"pool_size": 5, "max_overflow": 10}
     autocommit_reads = True
 
     def __init__(self) -> None:
@@ -185,13 +195,91 @@ class PostgresBackend(Backend):
         self._stems: dict[str, str] = {}  # to_tsquery('english', word) per word, see _stemmed_tsquery
 
     def engine_options(self, url: URL) -> dict[str, Any]:
-        connect_args: dict[str, Any] = {"application_name": "lcm"}
+        connect_args: dict[str, Any] = {}
+        if "application_name" not in url.query:
+            connect_args["application_name"] = application_name()
         if "connect_timeout" not in url.query:
             connect_args["connect_timeout"] = 10
         return {"connect_args": connect_args}
 
     def configure_engine(self, engine: Engine) -> None:
-        """Nothing per connection: READ COMMITTED plus row locks is what the store relies on."""
+        """Timeouts, pooler safety and liveness; READ COMMITTED plus row locks is what the
+        store relies on, and nothing else is kept in the session.
+
+        * Timeouts (``LCM_PG_STATEMENT_TIMEOUT_MS``, ``LCM_PG_LOCK_TIMEOUT_MS``) travel in the
+          startup packet (``options=-c ...``): no round trip.
+        * A transaction-mode pooler (PgBouncer) hands each transaction to any server
+          connection, so nothing may outlive a transaction: no server-side prepared statements
+          (psycopg's ``prepare_threshold`` off) and no session settings; the timeouts are set
+          with ``set_config(..., true)`` (transaction-local) at the start of each write
+          transaction. ``LCM_PG_POOLER=auto`` detects PgBouncer by its refusal of the
+          ``options`` startup parameter; ``transaction`` says so outright (for a pooler that
+          ignores ``options`` instead of refusing it).
+        * Liveness: a connection idle for ``IDLE_PING_S`` is pinged when checked out and
+          replaced if dead (a restarted server or pooler); a busy agent pays no ping.
+        """
+        pooler = pg_pooler()
+        settings = {"statement_timeout": pg_statement_timeout_ms(), "lock_timeout": pg_lock_timeout_ms()}
+        startup = " ".join(f"-c {name}={ms}" for name, ms in settings.items() if ms)
+        local = "; ".join(f"SET LOCAL {name} = {ms}" for name, ms in settings.items() if ms)
+        user_options = engine.url.query.get("options")
+        user_options = user_options if isinstance(user_options, str) else None
+        state = {"pooled": pooler == "transaction"}
+
+        def use_pooler_safe(cparams: dict[str, Any]) -> None:
+            if user_options is None:
+                cparams.pop("options", None)
+            else:
+                cparams["options"] = user_options
+            cparams["prepare_threshold"] = None
+
+        @event.listens_for(engine, "do_connect")
+        def _connect(dialect: Any, record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+            # cparams persists across connections: set every key each time.
+            if not state["pooled"] and startup:
+                cparams["options"] = f"{startup} {user_options}" if user_options else startup
+                if pooler == "auto":
+                    try:
+                        dbapi_conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
+                    except dialect.loaded_dbapi.OperationalError as exc:
+                        if "unsupported startup parameter" not in str(exc):
+                            raise
+                        log.info("lcm: %s is a transaction-mode pooler (it refused the options "
+                                 "startup parameter): no prepared statements, timeouts per "
+                                 "transaction", engine.url.render_as_string(hide_password=True))
+                        state["pooled"] = True
+                    else:
+                        record.info["lcm_pooler"] = False
+                        return dbapi_conn
+            record.info["lcm_pooler"] = state["pooled"]
+            if not state["pooled"]:
+                return None
+            use_pooler_safe(cparams)
+            try:
+                return dialect.loaded_dbapi.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as exc:
+                if user_options is None or "unsupported startup parameter" not in str(exc):
+                    raise
+                raise dialect.loaded_dbapi.OperationalError(
+                    f"{exc} (the pooler refuses the URL's options={user_options!r}: set them on the "
+                    "role instead, e.g. ALTER ROLE ... SET search_path = ..., and drop them from the URL)"
+                ) from exc
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            if local and conn.info.get("lcm_pooler") and conn.get_execution_options().get("lcm_write"):
+                conn.exec_driver_sql(local)
+
+        @event.listens_for(engine, "checkin")
+        def _checkin(_dbapi_conn: Any, record: Any) -> None:
+            record.info["lcm_idle_since"] = time.monotonic()
+
+        @event.listens_for(engine, "checkout")
+        def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+            since = record.info.get("lcm_idle_since")
+            if since is not None and time.monotonic() - since >= IDLE_PING_S:
+                if not engine.dialect.do_ping(dbapi_conn):
+                    raise DisconnectionError("the connection was closed while idle")  # a new one
 
     # -- writes --------------------------------------------------------------------------
 
