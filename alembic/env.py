@@ -6,7 +6,8 @@ attributes), ``-x url=...``, ``LCM_DATABASE_URL``, the default SQLite file.
 Each run holds the database's write lock for its whole duration (``BEGIN IMMEDIATE`` on SQLite,
 a session-level advisory lock on PostgreSQL), so two processes upgrading at once run one after
 the other and the second finds nothing to do. DDL is transactional on both: a failed upgrade
-leaves the previous revision intact.
+leaves the database at the last revision it finished (on PostgreSQL each revision commits on
+its own; on SQLite the whole run is one transaction).
 
 Online on PostgreSQL: each DDL statement waits at most ``LCM_MIGRATION_LOCK_TIMEOUT_MS`` for
 its lock (agents keep working meanwhile; the run is retried), big indexes are built
@@ -66,7 +67,11 @@ def run_migrations_online() -> None:
     engine = db.standalone_engine(url)
     try:
         with engine.connect().execution_options(lcm_write=True) as connection:
-            _configure(connection=connection, render_as_batch=url.get_backend_name() == "sqlite")
+            # PostgreSQL: one transaction per revision, so what a run finished stays done when a
+            # later revision gives up on a lock (the advisory lock below covers the whole run).
+            # SQLite keeps one transaction for the run: its write lock is what serialises runs.
+            _configure(connection=connection, render_as_batch=url.get_backend_name() == "sqlite",
+                       transaction_per_migration=url.get_backend_name() == "postgresql")
             postgres = connection.dialect.name == "postgresql"
             if postgres and connection.info.get("lcm_pooler"):
                 raise ConfigError(

@@ -65,6 +65,11 @@ def retry_dropped(action: Callable[[], T]) -> T:
         return action()
 
 
+class AccessDeniedError(LcmError):
+    """The database role may not do this (on PostgreSQL with per-agent roles: a row of another
+    agent, or an agent id that is not the role's own)."""
+
+
 class IntegrityViolation(LcmError):
     """A write would break a storage invariant (coverage, contiguity, depth); nothing was written."""
 

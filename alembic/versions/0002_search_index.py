@@ -8,8 +8,6 @@ Create Date: 2026-11-22
 """
 from __future__ import annotations
 
-import sqlalchemy as sa
-
 from alembic import op
 from lcm.store.migrations import create_index_online
 
@@ -104,12 +102,12 @@ def upgrade() -> None:
         for statement in SQLITE_UP:
             op.execute(statement)
         return
-    from sqlalchemy.dialects.postgresql import TSVECTOR
-
     from lcm.store.backends.postgres import PostgresBackend
 
-    op.add_column("lcm_messages", sa.Column("search_vector", TSVECTOR(), nullable=True))
-    op.add_column("lcm_summaries", sa.Column("search_vector", TSVECTOR(), nullable=True))
+    # IF NOT EXISTS: a run interrupted after the commit below (in the index builds) is re-run
+    # from here, with the columns already in place.
+    op.execute("ALTER TABLE lcm_messages ADD COLUMN IF NOT EXISTS search_vector tsvector")
+    op.execute("ALTER TABLE lcm_summaries ADD COLUMN IF NOT EXISTS search_vector tsvector")
     # Index rows written before this revision (the same code as `lcm doctor`'s repair).
     PostgresBackend().rebuild_search_index(bind)
     # Built without blocking writers on a big existing table (needs its own transaction).

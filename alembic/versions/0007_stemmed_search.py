@@ -72,7 +72,7 @@ def upgrade() -> None:
         return
     for base, _, _ in _TABLES:
         op.execute(
-            f"ALTER TABLE {base} ADD COLUMN search_stems tsvector GENERATED ALWAYS AS ("
+            f"ALTER TABLE {base} ADD COLUMN IF NOT EXISTS search_stems tsvector GENERATED ALWAYS AS ("
             f"to_tsvector('english'::regconfig, coalesce(search_text, content, '')) || {_pg_scope(base)}) STORED")
     with op.get_context().autocommit_block():
         for base, _, _ in _TABLES:

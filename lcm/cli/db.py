@@ -36,7 +36,7 @@ def upgrade_command(url: str | None, as_json: bool, revision: str) -> None:
             raise ConfigError(f"the database is at {before.current}, ahead of {revision}: an upgrade never goes "
                               f"back (lcm db downgrade {revision} --yes does, and can delete data)")
     migrations.upgrade(target, revision, on_retry=lambda attempt, reason: stderr.print(
-        f"lcm: a lock the upgrade needs is held by a running transaction ({reason}); nothing was changed, "
+        f"lcm: a lock the upgrade needs is held by a running transaction ({reason}); that revision was rolled back, "
         f"trying again (attempt {attempt + 1} of {migrations.UPGRADE_ATTEMPTS})", markup=False))
     after = migrations.state_at(target)
     if as_json:
@@ -103,3 +103,49 @@ def history_command(url: str | None, as_json: bool) -> None:
     for rev in revs:
         mark = "  <- the database is here" if current is not None and rev["revision"] == current else ""
         say(f"{rev['revision']}  {str(rev['message'] or '').splitlines()[0]}{mark}")
+
+
+@db_group.command("secure")
+@url_option
+@json_option
+@click.option("--per-agent-roles", "per_agent", is_flag=True,
+              help="PostgreSQL row-level security: a login role per agent that reaches only its own rows.")
+@click.option("--agent", "agents", multiple=True, metavar="NAME",
+              help="An agent to make a role for (repeatable; default: every stored agent).")
+@click.option("--no-passwords", is_flag=True,
+              help="Create the roles without passwords (for certificate or peer authentication).")
+@click.option("--off", is_flag=True, help="Drop the policies and turn row-level security off (roles stay).")
+def secure_command(url: str | None, as_json: bool, per_agent: bool, agents: tuple[str, ...],
+                   no_passwords: bool, off: bool) -> None:
+    """Wall agents off from each other in the database itself (PostgreSQL, run as the owner).
+
+    Each agent gets a role; connected with it, a process sees and changes only that agent's
+    rows, even with raw SQL. Passwords of roles created now are shown once. See docs/storage.md.
+    """
+    from lcm.store import security
+
+    if not per_agent:
+        raise ConfigError("say what to secure: lcm db secure --per-agent-roles (see lcm db secure --help)")
+    target = dbmod.resolve_url(url)
+    if off:
+        security.remove_row_security(target)
+        if as_json:
+            emit_json({"database": dbmod.display_url(target), "row_level_security": False})
+        else:
+            say(f"{dbmod.display_url(target)}: row-level security is off; the agent roles remain "
+                "(DROP OWNED BY role; DROP ROLE role removes one)")
+        return
+    roles = security.secure_per_agent_roles(target, agents or None, passwords=not no_passwords)
+    rows = [{"agent": r.agent, "role": r.role, "created": r.created, "password": r.password,
+             "url": target.set(username=r.role, password=r.password).render_as_string(hide_password=False)}
+            for r in roles]
+    if as_json:
+        emit_json({"database": dbmod.display_url(target), "row_level_security": True, "roles": rows})
+        return
+    say(f"{dbmod.display_url(target)}: row-level security is on; each role reaches only its agent's rows")
+    for row in rows:
+        state = "created" if row["created"] else "existing, left as it was"
+        say(f"  {row['agent']}: role {row['role']} ({state})")
+        say(f"    LCM_DATABASE_URL={row['url']} LCM_AGENT_ID={row['agent']}")
+    if any(row["password"] for row in rows):
+        say("The passwords above are shown only now: keep them in each agent's secret store.")

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from lcm import codec
 from lcm.config import in_range
-from lcm.errors import DatabaseUnavailableError, NotFoundError, first_line
+from lcm.errors import AccessDeniedError, DatabaseUnavailableError, NotFoundError, first_line
 from lcm.records import SessionRecord, SummaryRecord
 from lcm.store import connection, migrations
 from lcm.store.backends import Backend, backend_for_url
@@ -122,6 +122,17 @@ def session_select() -> Select[Any]:
         agents_t, agents_t.c.id == sessions_t.c.agent_id)
 
 
+def _denied(exc: ProgrammingError) -> AccessDeniedError | None:
+    """The database refused this role (SQLSTATE 42501): with per-agent roles on PostgreSQL, a
+    row of another agent, or an agent id that is not the role's own."""
+    if getattr(exc.orig, "sqlstate", None) != "42501":
+        return None
+    return AccessDeniedError(
+        f"the database refused: {first_line(exc)}. With per-agent roles (lcm db secure) each "
+        "role reaches only its own agent's rows: set LCM_AGENT_ID to the agent this role "
+        "belongs to, or connect with that agent's role")
+
+
 class StoreCore:
     """One lcm database: its engine and backend, read and write transactions, the agent cache.
 
@@ -155,6 +166,8 @@ class StoreCore:
             raise DatabaseUnavailableError(
                 f"read from {self.location} failed: {first_line(exc)}",
                 retryable=exc.connection_invalidated) from exc
+        except ProgrammingError as exc:
+            raise _denied(exc) or exc from exc
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -182,6 +195,8 @@ class StoreCore:
                 raise DatabaseUnavailableError(
                     f"write to {self.location} failed: {first_line(exc)}{cause}",
                     retryable=exc.connection_invalidated and not committing) from exc
+            except ProgrammingError as exc:
+                raise _denied(exc) or exc from exc
 
     def schema_state(self) -> migrations.SchemaState:
         """Where the database's schema stands against this lcm's migrations."""

@@ -122,6 +122,7 @@ def store_payloads(core: StoreCore, conn: Connection, payloads: Sequence[Payload
     if not unique:
         return {}
     now = time.time()
+    core.backend.claim_payloads(conn, list(unique))  # before the insert: ON CONFLICT reads the row
     core.backend.insert_ignore(conn, payloads_t, [
         {"sha256": p.sha256, "codec": PAYLOAD_CODEC, "size_chars": p.size_chars, "data": p.data,
          "created_at": now} for p in unique.values()], ["sha256"])

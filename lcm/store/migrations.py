@@ -129,9 +129,9 @@ def _gave_up_on_a_lock(exc: BaseException) -> bool:
 def upgrade(url: URL, revision: str = "head", *,
             on_retry: Callable[[int, str], None] | None = None) -> None:
     """Upgrade the schema to ``revision``. On PostgreSQL a DDL statement that waits too long
-    for a lock an agent holds gives up (the run rolls back whole, nothing half-done) and the
-    run is retried after a pause, so agents are never queued behind the upgrade for long;
-    ``on_retry(attempt, reason)`` is told of each retry."""
+    for a lock an agent holds gives up (its revision rolls back; each revision commits on its
+    own) and the run goes on after a pause from where it stopped, so agents are never queued
+    behind the upgrade for long; ``on_retry(attempt, reason)`` is told of each retry."""
     from alembic import command
 
     for attempt in range(1, UPGRADE_ATTEMPTS + 1):
@@ -147,7 +147,7 @@ def upgrade(url: URL, revision: str = "head", *,
                     f"needs stayed held ({first_line(exc)}). Find the holder with SELECT pid, "
                     "application_name, state, xact_start, query FROM pg_stat_activity WHERE datname = "
                     "current_database() ORDER BY xact_start, end it or wait for it, then run "
-                    "`lcm db upgrade` again (nothing was changed)") from exc
+                    "`lcm db upgrade` again (the revision it was applying was rolled back)") from exc
             if on_retry is not None:
                 on_retry(attempt, first_line(exc))
             time.sleep(min(5.0, 0.5 * attempt))
@@ -168,7 +168,14 @@ def create_index_online(name: str, table: str, columns: list[str], **kw: Any) ->
         {"name": name}).first()
     if invalid is not None:
         op.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
-    op.create_index(name, table, columns, postgresql_concurrently=True, if_not_exists=True, **kw)
+    # A concurrent build waits for every older transaction in the database, and blocks no
+    # agent meanwhile (it takes no lock that writers need): no lock timeout for it.
+    before = bind.execute(text("SELECT current_setting('lock_timeout')")).scalar_one()
+    bind.execute(text("SET lock_timeout = 0"))
+    try:
+        op.create_index(name, table, columns, postgresql_concurrently=True, if_not_exists=True, **kw)
+    finally:
+        bind.execute(text("SELECT set_config('lock_timeout', :v, false)"), {"v": before})
 
 
 def downgrade(url: URL, revision: str) -> None:

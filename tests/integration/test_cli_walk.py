@@ -34,6 +34,7 @@ RUNS: dict[tuple[str, ...], list[str]] = {
     ("db", "current"): [],
     ("db", "downgrade"): ["base"],  # refused: no --yes
     ("db", "history"): [],
+    ("db", "secure"): ["--per-agent-roles", "--agent", "a"],  # SQLite: refused, PostgreSQL only
     ("db", "upgrade"): [],
     ("demo",): [],
     ("describe",): [],

@@ -124,3 +124,26 @@ def test_an_upgrade_under_a_running_agent_keeps_it_writing(pg_url, monkeypatch, 
     assert [r.seq for r in stored] == list(range(1, agent.seq + 1))
     append_messages(store, session.id, [{"role": "user", "content": "written by this lcm after the upgrade"}])
     assert store.messages.get_range(session.id, limit=100_000)[-1].message["content"].startswith("written by")
+
+
+def test_a_long_upgrade_that_keeps_meeting_a_held_lock_goes_on_from_where_it_stopped(pg_url, monkeypatch):
+    """From 0001 with data, while a reader holds a lock on the sessions table several
+    revisions alter: each gives up, rolls back alone, and the run resumes; the data reads back."""
+    from tests.store.test_migrations import verify_old_data, write_at_0001
+
+    monkeypatch.setenv("LCM_MIGRATION_LOCK_TIMEOUT_MS", "300")
+    url = db.resolve_url(pg_url)
+    migrations.upgrade(url, "0001_core_schema")
+    engine = create_engine(url, poolclass=NullPool)
+    with engine.begin() as conn:
+        write_at_0001(conn)
+    engine.dispose()
+    held = threading.Event()
+    reader = _hold_a_lock_on_sessions(pg_url, 3.0, held)
+    assert held.wait(10)
+    retries: list[int] = []
+    migrations.upgrade(url, on_retry=lambda attempt, _reason: retries.append(attempt))
+    reader.join(timeout=30)
+    assert retries
+    assert migrations.state_at(url).status == "current"
+    verify_old_data(Store.open(pg_url))

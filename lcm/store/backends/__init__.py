@@ -184,6 +184,10 @@ class Backend(ABC):
     def database_size(self, conn: Connection) -> int | None:
         """Bytes on disk used by lcm's tables (None when unknown)."""
 
+    def claim_payloads(self, conn: Connection, shas: Sequence[str]) -> None:  # noqa: B027 - optional hook
+        """Before reading back the ids of payloads just stored (by their SHA-256): PostgreSQL
+        with per-agent roles shows another agent's identical payload only when claimed."""
+
     def before_forget(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Inside the transaction that erases forgotten rows, before it does."""
 

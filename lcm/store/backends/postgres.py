@@ -283,6 +283,10 @@ class PostgresBackend(Backend):
 
     # -- writes --------------------------------------------------------------------------
 
+    def claim_payloads(self, conn: Connection, shas: Sequence[str]) -> None:
+        """Transaction-local; a no-op where row-level security is off (see pg_security)."""
+        conn.execute(text("SELECT set_config('lcm.payload_claim', :v, true)"), {"v": ",".join(shas)})
+
     def insert_rows(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                     index: Sequence[IndexRow] | None, returning: Sequence[str]) -> list[tuple[Any, ...]]:
         """One statement of constant text whatever the row count: each column travels as one
