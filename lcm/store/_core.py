@@ -145,6 +145,7 @@ class StoreCore:
         self.backend: Backend = backend_for_url(url)
         self._agents: dict[str, int] = {}
         self._agent_names: dict[int, str] = {}
+        self._session_agents: dict[int, int] = {}
         #: Fault injection for tests: called with a step name inside write transactions.
         self.on_write_step: Callable[[str], None] | None = None
 
@@ -197,6 +198,28 @@ class StoreCore:
                     retryable=exc.connection_invalidated and not committing) from exc
             except ProgrammingError as exc:
                 raise _denied(exc) or exc from exc
+
+    @contextmanager
+    def write_statement(self) -> Iterator[Connection]:
+        """A connection for one atomic write statement outside a transaction (no BEGIN, no
+        COMMIT: one round trip). Only for statements that are safe to run again after a drop,
+        whether or not they landed: a drop is always reported ``retryable``."""
+        try:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
+                yield conn
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(
+                f"write to {self.location} failed: {first_line(exc)}",
+                retryable=exc.connection_invalidated) from exc
+        except ProgrammingError as exc:
+            raise _denied(exc) or exc from exc
+
+    def session_agent(self, session_pk: int) -> int | None:
+        """The agent of a session this process has written to (a session never changes agent)."""
+        return self._session_agents.get(session_pk)
+
+    def remember_session_agent(self, session_pk: int, agent_pk: int) -> None:
+        self._session_agents[session_pk] = agent_pk
 
     def schema_state(self) -> migrations.SchemaState:
         """Where the database's schema stands against this lcm's migrations."""

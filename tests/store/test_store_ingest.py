@@ -213,3 +213,58 @@ def test_sqlite_file_runs_in_wal_mode_with_foreign_keys(sqlite_url):
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() >= 1000
+
+
+# ----------------------------------------------------- the known-view append (one statement on PostgreSQL)
+
+
+def _known_view_append(store, session_pk, messages, after=None):
+    """What the engine's fast path does: append after the session's last seq as it knows it.
+    The first append of a process teaches the store the session's agent; later ones take the
+    one-statement path on PostgreSQL."""
+    last = store.sessions.get(session_pk).last_seq
+    return append_messages(store, session_pk, messages, after_identity=after, expect_last_seq=last)
+
+
+def test_known_view_appends_round_trip_odd_messages(store, session):
+    first = append_messages(store, session.id, [{"role": "user", "content": "warm up"}])
+    nasty = [
+        {"role": "user", "content": "nul\x00inside, lone \ud800, pair \ud83d\ude00, quote ' \" \\ \u2028"},
+        {"role": "assistant", "content": [{"type": "text", "text": "part \x00"}], "refusal": None},
+        {"tool_call_id": "c\x00", "role": "tool", "name": "weird\ud800", "content": "x" * 5000},
+        {"role": "user", "content": "ok", "timestamp": 1_700_000_000.123456789},
+    ]
+    r = _known_view_append(store, session.id, nasty, after=first.last_identity)
+    assert r.inserted == 4 and r.session.last_seq == 5 and r.session.message_count == 5
+    back = store.messages.get_range(session.id)
+    assert [b.message for b in back[1:]] == nasty
+    assert [b.store_id for b in back[1:]] == list(r.store_ids)
+    assert back[-1].ts == 1_700_000_000.123456789
+    assert [h.id for h in store.search.messages("quote", agent="agent-a").hits] == [r.store_ids[0]]
+
+
+def test_a_known_view_append_after_another_writer_is_stale_and_writes_nothing(store, session, db_url):
+    first = append_messages(store, session.id, [{"role": "user", "content": "one"}])
+    other = Store.open(db_url)
+    append_messages(other, session.id, [{"role": "user", "content": "two"}], after_identity=first.last_identity)
+    from lcm.errors import StaleViewError
+
+    with pytest.raises(StaleViewError):
+        append_messages(store, session.id, [{"role": "user", "content": "three"}],
+                        after_identity=first.last_identity, expect_last_seq=1)
+    s = store.sessions.get(session.id)
+    assert (s.last_seq, s.message_count) == (2, 2)
+    assert [m.message["content"] for m in store.messages.get_range(session.id)] == ["one", "two"]
+
+
+def test_a_known_view_append_of_a_stored_message_conflicts_and_writes_nothing(store, session):
+    from lcm.errors import ConcurrentUpdateError
+
+    append_messages(store, session.id, [{"role": "user", "content": "one"}])
+    before = store.sessions.get(session.id)
+    with pytest.raises(ConcurrentUpdateError):  # same identity as seq 1, claimed as new
+        append_messages(store, session.id, [{"role": "user", "content": "one"}], expect_last_seq=1)
+    after = store.sessions.get(session.id)
+    assert (after.last_seq, after.message_count, after.token_count) == (
+        before.last_seq, before.message_count, before.token_count)
+    assert count_rows(store, Message) == 1

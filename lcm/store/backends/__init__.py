@@ -128,6 +128,19 @@ class Backend(ABC):
         row. Returns the ``returning`` columns of the rows actually inserted.
         """
 
+    #: Whether :meth:`append_fused` exists: a session's counters bumped and its new messages
+    #: inserted by one statement (PostgreSQL's data-modifying CTEs), run outside a transaction.
+    fused_append: bool = False
+
+    def append_fused(self, conn: Connection, bump: dict[str, Any], table: Table,
+                     rows: Sequence[dict[str, Any]], index: Sequence[IndexRow]) -> Any | None:
+        """One statement: ``UPDATE`` the session (``bump``: sid, expected, new_last, n, tok, now)
+        where its last seq is still ``expected``, and only then insert ``rows`` (session and
+        agent ids come from the updated row). The session row with ``lcm_new_ids`` and
+        ``lcm_new_identities``, or None when the session moved on (nothing written). A unique
+        conflict raises (the statement is atomic: nothing written either)."""
+        raise NotImplementedError
+
     @abstractmethod
     def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                       conflict_columns: Sequence[str]) -> None:

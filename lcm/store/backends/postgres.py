@@ -14,6 +14,7 @@ syntax error and never reaches SQL other than as a bound parameter.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -164,6 +165,25 @@ def _unnest_insert(table: Table, columns: Sequence[str], returning: Sequence[str
         f"ON CONFLICT DO NOTHING RETURNING {', '.join(returning)}")
 
 
+def _fused_append(table: Table, columns: Sequence[str]) -> TextClause:
+    """``WITH s AS (UPDATE session ... RETURNING *), m AS (INSERT ... SELECT FROM s, rows
+    RETURNING id, identity) SELECT s.*, ids, identities FROM s``: the insert reads the updated
+    row, so a session that moved on (no row) inserts nothing. The rows travel as one JSON
+    array (``jsonb_to_recordset``): measured 0.13 ms a turn cheaper than an array per column,
+    which psycopg dumps in Python."""
+    dialect = _DIALECT
+    record = ", ".join(f"{name} {table.c[name].type.compile(dialect=dialect)}" for name in columns)
+    names = ["session_id", "agent_id", *columns, "search_vector"]
+    return text(
+        "WITH s AS (UPDATE lcm_sessions SET last_seq = :new_last, message_count = message_count + :n, "
+        "token_count = token_count + :tok, updated_at = :now WHERE id = :sid AND last_seq = :expected "
+        f"RETURNING *), m AS (INSERT INTO {table.name} ({', '.join(names)}) "
+        f"SELECT s.id, s.agent_id, r.* FROM s, jsonb_to_recordset(CAST(:rows AS jsonb)) "
+        f"AS r({record}, search_vector tsvector) RETURNING id, identity) "
+        "SELECT s.*, ARRAY(SELECT id FROM m) AS lcm_new_ids, ARRAY(SELECT identity FROM m) AS lcm_new_identities "
+        "FROM s")
+
+
 @dataclass(frozen=True)
 class _PhaseQuery:
     """One search, rendered once for every phase that runs it."""
@@ -306,6 +326,21 @@ class PostgresBackend(Backend):
         if stmt is None:  # built once per shape
             stmt = self._inserts[key] = _unnest_insert(table, columns, returning, index is not None)
         return [tuple(r) for r in conn.execute(stmt, params).all()]
+
+    fused_append = True
+
+    def append_fused(self, conn: Connection, bump: dict[str, Any], table: Table,
+                     rows: Sequence[dict[str, Any]], index: Sequence[IndexRow]) -> Any | None:
+        """One round trip for a turn (see ``Backend.append_fused``; ``_fused_append``)."""
+        columns = list(rows[0])
+        params: dict[str, Any] = {"rows": json.dumps(
+            [{**row, "search_vector": tsvector_literal(ix.body, scope_lexemes(ix))}
+             for row, ix in zip(rows, index, strict=True)], ensure_ascii=False), **bump}
+        key = ("fused", table.name, tuple(columns))
+        stmt = self._inserts.get(key)
+        if stmt is None:
+            stmt = self._inserts[key] = _fused_append(table, columns)
+        return conn.execute(stmt, params).first()
 
     def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                       conflict_columns: Sequence[str]) -> None:
