@@ -23,6 +23,7 @@ from lcm.cli.inspect import backup_command, doctor_command, status_command
 from lcm.cli.migrate import migrate_command
 from lcm.cli.recall import describe_command, expand_command, grep_command, load_command, sessions_command
 from lcm.cli.transfer import export_command, ingest_command
+from lcm.cli.ui import ui_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,7 +37,7 @@ def cli(ctx: click.Context) -> None:
 for command in (demo_command, ingest_command, export_command, sessions_command, status_command,
                 grep_command, describe_command, expand_command, load_command, doctor_command,
                 backup_command, embed_command, migrate_command, forget_command, import_command, db_group,
-                hermes_group):
+                hermes_group, ui_command):
     cli.add_command(command)
 
 

@@ -52,6 +52,7 @@ RUNS: dict[tuple[str, ...], list[str]] = {
     ("migrate",): ["--to", "sqlite:///{tmp}/other.db", "--dry-run"],
     ("sessions",): [],
     ("status",): [],
+    ("ui",): ["--host", "203.0.113.7", "--no-browser"],  # not an address of this machine: refused
 }
 
 
