@@ -155,20 +155,26 @@ class StoreCore:
         return connection.display_url(self.url)
 
     @contextmanager
-    def read(self) -> Iterator[Connection]:
+    def _failures(self, doing: str) -> Iterator[None]:
+        """Driver failures as lcm errors: a lost or unreachable server as a (retryable when
+        dropped) DatabaseUnavailableError, a refused privilege as AccessDeniedError."""
         try:
+            yield
+        except OperationalError as exc:
+            raise DatabaseUnavailableError(f"{doing} {self.location} failed: {first_line(exc)}",
+                                           retryable=exc.connection_invalidated) from exc
+        except ProgrammingError as exc:
+            raise _denied(exc) or exc from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self._failures("read from"):
             if self.backend.autocommit_reads:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     yield conn
             else:
                 with self.engine.connect() as conn, conn.begin():
                     yield conn
-        except OperationalError as exc:
-            raise DatabaseUnavailableError(
-                f"read from {self.location} failed: {first_line(exc)}",
-                retryable=exc.connection_invalidated) from exc
-        except ProgrammingError as exc:
-            raise _denied(exc) or exc from exc
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -204,15 +210,9 @@ class StoreCore:
         """A connection for one atomic write statement outside a transaction (no BEGIN, no
         COMMIT: one round trip). Only for statements that are safe to run again after a drop,
         whether or not they landed: a drop is always reported ``retryable``."""
-        try:
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
-                yield conn
-        except OperationalError as exc:
-            raise DatabaseUnavailableError(
-                f"write to {self.location} failed: {first_line(exc)}",
-                retryable=exc.connection_invalidated) from exc
-        except ProgrammingError as exc:
-            raise _denied(exc) or exc from exc
+        with self._failures("write to"), self.engine.connect().execution_options(
+                isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
+            yield conn
 
     def session_agent(self, session_pk: int) -> int | None:
         """The agent of a session this process has written to (a session never changes agent)."""
