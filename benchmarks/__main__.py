@@ -1,12 +1,13 @@
 """``python -m benchmarks``: every benchmark, both backends, one run, printed as tables.
 
     python -m benchmarks                  # default sizes (about 15 minutes on 2 cores)
-    python -m benchmarks --large          # adds search at 1M messages and start-up on a 1 GB store
-    python -m benchmarks --large-only     # only those two (skips the default sizes)
+    python -m benchmarks --large          # adds search and lcm ui at 1M messages, start-up on a 1 GB store
+    python -m benchmarks --large-only     # only those (skips the default sizes)
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
     python -m benchmarks --only cache     # prompt-cache cost against Hermes' compressor (Hermes venv)
     python -m benchmarks --only recall    # questions in plain words: recall@5/10 against bm25s
     python -m benchmarks --only fleet     # 1-32 agent processes on one database, against raw commits
+    python -m benchmarks --only ui        # lcm ui page times over HTTP on a big store
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -45,6 +46,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "cache": [{"turns": 30, "windows": [64_000], "sweep": [0.4]}],
         "recall": [{"messages": 2_000}],
         "fleet": [{"seconds": 2, "counts": [1, 2]}],
+        "ui": [{"messages": 2_000, "sessions": 8, "runs": 3}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -56,13 +58,15 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "cache": [{"turns": 400}],
         "recall": [{"messages": 10_000}, {"messages": 100_000}],
         "fleet": [{"seconds": 15}],
+        "ui": [{"messages": 100_000, "sessions": 50}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in
 #: the Hermes test venv, built on first use (tests/support/hermes_host.py).
 HERMES_PHASES = frozenset({"cache"})
 LARGE_EXTRA = {"search": [{"messages": 1_000_000, "sessions": 200, "runs": 40}],
-               "startup": [{"target_mb": 1_024}]}
+               "startup": [{"target_mb": 1_024}],
+               "ui": [{"messages": 1_000_000, "sessions": 200}]}
 
 
 def worker_python(phase: str) -> str:
@@ -105,8 +109,8 @@ def main() -> None:
     parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): nothing rotted")
-    size.add_argument("--large", action="store_true", help="also 1M-message search and a 1 GB start-up")
-    size.add_argument("--large-only", action="store_true", help="only the 1M-message search and 1 GB start-up")
+    size.add_argument("--large", action="store_true", help="also 1M-message search and ui, and a 1 GB start-up")
+    size.add_argument("--large-only", action="store_true", help="only the 1M-message runs and the 1 GB start-up")
     parser.add_argument("--only", default="", help=f"comma list of phases: {', '.join(tables.BUILDERS)}")
     parser.add_argument("--json", dest="json_out", help="also write every result to this file")
     args = parser.parse_args()

@@ -197,9 +197,25 @@ def fleet(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def ui(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend and size: each explorer page's p50 / p95 over HTTP."""
+    specs = []
+    for r in results:
+        spec = TableSpec(f"lcm ui pages over HTTP, {r['backend']}, {r['messages']:,} messages in {r['sessions']} "
+                         f"sessions (ms, {r['runs']} requests each)", ["page", "p50", "p95"],
+                         left=frozenset({"page"}),
+                         notes=[f"baseline: the raw driver's query for the same session's 50 newest rows, p50 "
+                                f"{f(r['raw_session_page_ms']['p50'])} / p95 {f(r['raw_session_page_ms']['p95'])} ms "
+                                "(no HTTP, no rendering)"])
+        for page, ms in r["pages_ms"].items():
+            spec.rows.append([page, f(ms["p50"]), f(ms["p95"])])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache, "recall": recall, "fleet": fleet}
+    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -214,17 +214,30 @@ def dag_view(ex: Explorer, request: Request) -> dict[str, Any]:
 
 def _dag_svg(depths: list[dict[str, Any]]) -> dict[str, Any]:
     """Node boxes, depth by depth (the highest on top), and an edge from each node to the one it
-    was condensed into: coordinates only, the template draws them."""
+    was condensed into: coordinates only, the template draws them. The lowest depth is laid out
+    in conversation order; each node above sits over the middle of its drawn children (pushed
+    right where that would overlap), so edges rarely cross."""
     box_w, box_h, gap_x, gap_y = 96, 34, 12, 70
-    widest = max((len(d["nodes"]) for d in depths), default=0)
-    width = max(1, widest) * (box_w + gap_x) + gap_x
-    at: dict[int, tuple[int, int]] = {}
-    boxes = []
+    step = box_w + gap_x
+    slots: dict[int, float] = {}  # node id -> x slot (in box widths)
+    for depth in reversed(depths):  # lowest depth first
+        children: dict[int, list[float]] = {}
+        for lower in depths:
+            if lower["depth"] == depth["depth"] - 1:
+                for node in lower["nodes"]:
+                    if node["condensed_into"] is not None and node["node_id"] in slots:
+                        children.setdefault(node["condensed_into"], []).append(slots[node["node_id"]])
+        free = 0.0
+        for node in depth["nodes"]:
+            below = children.get(node["node_id"])
+            wanted = (min(below) + max(below)) / 2 if below else free
+            slots[node["node_id"]] = max(wanted, free)
+            free = slots[node["node_id"]] + 1
+    width = int((max(slots.values(), default=0) + 1) * step + gap_x)
+    boxes, at = [], {}
     for row, depth in enumerate(depths):
-        nodes = depth["nodes"]
-        offset = (width - len(nodes) * (box_w + gap_x)) // 2
-        for col, node in enumerate(nodes):
-            x, y = offset + gap_x // 2 + col * (box_w + gap_x), 20 + row * (box_h + gap_y)
+        for node in depth["nodes"]:
+            x, y = int(gap_x + slots[node["node_id"]] * step), 20 + row * (box_h + gap_y)
             at[node["node_id"]] = (x, y)
             boxes.append({"x": x, "y": y, "w": box_w, "h": box_h, **node, "depth": depth["depth"]})
     edges = []
@@ -286,12 +299,17 @@ def search_view(ex: Explorer, request: Request) -> dict[str, Any]:
 
 
 def status_view(ex: Explorer, request: Request) -> dict[str, Any]:
+    """Store-wide counts and size: a count per table, cheap at any size."""
+    return {"title": "lcm: status", "agents": ex.store.sessions.agents(), "database": ex.store.location,
+            "backend": ex.store.backend_name, "stats": ex.store.health.stats()}
+
+
+def doctor_view(ex: Explorer, request: Request) -> dict[str, Any]:
+    """``lcm_doctor``: its checks read the whole store (about 0.3-0.6 s per 100k messages,
+    docs/benchmarks.md), so they run only on this page, when asked for."""
     agents = ex.store.sessions.agents()
     agent = request.query_params.get("agent") or (agents[0] if agents else "default")
-    doctor = ex.tool(agent, "lcm_doctor")
-    stats = ex.store.health.stats()
-    return {"title": "lcm: status and health", "agent": agent, "agents": agents, "database": ex.store.location,
-            "backend": ex.store.backend_name, "stats": stats, "doctor": doctor}
+    return {"title": "lcm: health", "agent": agent, "agents": agents, "doctor": ex.tool(agent, "lcm_doctor")}
 
 
 # ------------------------------------------------------------------------------------- app
@@ -304,6 +322,7 @@ def create_app(store: Store, *, token: str | None = None) -> Starlette:
         Route("/", _view("agents.html", agents_view), methods=["GET"]),
         Route("/search", _view("search.html", search_view), methods=["GET"]),
         Route("/status", _view("status.html", status_view), methods=["GET"]),
+        Route("/doctor", _view("doctor.html", doctor_view), methods=["GET"]),
         Route("/a/{agent}/s/{session}", _view("session.html", session_view), methods=["GET"]),
         Route("/a/{agent}/s/{session}/dag", _view("dag.html", dag_view), methods=["GET"]),
         Route("/a/{agent}/node/{node:int}", _view("node.html", node_view), methods=["GET"]),

@@ -29,7 +29,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert title in done.stdout, title
     results = json.loads(out.read_text())["results"]
     backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
-    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall", "fleet"):
+    for phase in ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall", "fleet", "ui"):
         assert {r["backend"] for r in results[phase]} == backends, phase
         assert all(r["peak_rss_mb"] > 0 for r in results[phase])
     for r in results["fleet"]:  # every agent process ran turns and searches, without an error

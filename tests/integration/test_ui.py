@@ -65,7 +65,8 @@ def test_every_page_answers_and_has_a_json_twin(explorer):
         f"/a/explorer/node/{node.id}": "sources",
         "/a/explorer/msg/1": "message",
         "/search?q=fact3&agent=explorer": "results",
-        "/status?agent=explorer": "doctor",
+        "/status": "stats",
+        "/doctor?agent=explorer": "doctor",
     }
     for path, key in pages.items():
         html = httpx.get(base + path)
@@ -159,6 +160,22 @@ def _shot(driver, name: str) -> None:
         driver.save_screenshot(str(REPO / "docs" / "ui" / f"{name}.png"))
 
 
+def _until(browser, check, what: str):
+    """Wait (10 s at most) until ``check(browser)`` is truthy: a click or a submit navigates
+    asynchronously, and the old page answers until the new one has loaded."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        check, message=f"waiting for {what}")
+
+
+def _heading(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(browser.find_element(By.TAG_NAME, "h1").text)
+
+
 def test_click_through_session_dag_node_and_source_in_a_real_browser(sqlite_url, browser):
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
@@ -166,10 +183,10 @@ def test_click_through_session_dag_node_and_source_in_a_real_browser(sqlite_url,
     store, _ = _fill(sqlite_url)
     with serving(store) as base:
         browser.get(base + "/")
-        assert "Agents and sessions" in browser.find_element(By.TAG_NAME, "h1").text
+        assert "Agents and sessions" in _heading(browser)
         _shot(browser, "agents")
         browser.find_element(By.LINK_TEXT, "s-main").click()
-        assert browser.find_element(By.TAG_NAME, "h1").text == "explorer / s-main"
+        _until(browser, lambda b: _heading(b) == "explorer / s-main", "the session page")
         # the hostile turn is on this (last) page: shown as text, nothing ran
         body = browser.find_element(By.TAG_NAME, "main").text
         assert "<script>window.__pwned = 1" in body and "javascript:window.__pwned=3" in body
@@ -181,28 +198,30 @@ def test_click_through_session_dag_node_and_source_in_a_real_browser(sqlite_url,
         _shot(browser, "session")
 
         browser.find_element(By.ID, "dag-link").click()
-        nodes = browser.find_elements(By.CSS_SELECTOR, "svg a.node")
-        assert nodes, "the DAG draws its nodes"
+        nodes = _until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "svg a.node"), "the DAG's nodes")
         _shot(browser, "dag")
-        leaf = [n for n in nodes if n.get_attribute("data-node")][-1]
+        leaf = nodes[-1]
         node_id = leaf.get_attribute("data-node")
         browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", leaf)
-        assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"node:{node_id}")
+        _until(browser, lambda b: _heading(b).startswith(f"node:{node_id}"), f"node {node_id}'s page")
         assert browser.find_element(By.ID, "summary").text.strip()
         _shot(browser, "node")
         first = browser.find_elements(By.CSS_SELECTOR, "a.source-message, a.source-node")[0]
-        target = first.text
+        target = first.text.split(":")[1]
         first.click()
-        assert target.split(":")[1] in browser.find_element(By.TAG_NAME, "h1").text
+        _until(browser, lambda b: target in _heading(b) and not _heading(b).startswith(f"node:{node_id}"),
+               "the source's page")
 
         browser.get(base + "/search")
-        box = browser.find_element(By.ID, "q")
-        box.send_keys("fact7")
+        browser.find_element(By.ID, "q").send_keys("fact7")
         browser.find_element(By.ID, "go").click()
-        hits = browser.find_elements(By.CSS_SELECTOR, "li.hit")
+        hits = _until(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "li.hit"), "search hits")
         assert hits and "fact7" in browser.find_element(By.CSS_SELECTOR, "ol.hits").text
         assert browser.find_elements(By.CSS_SELECTOR, "li.hit mark")  # matched words marked
         _shot(browser, "search")
-        browser.get(base + "/status?agent=explorer")
-        assert browser.find_element(By.ID, "overall").text in ("healthy", "warning")
+        browser.get(base + "/status")
         _shot(browser, "status")
+        browser.find_element(By.CSS_SELECTOR, "a.doctor").click()
+        overall = _until(browser, lambda b: b.find_elements(By.ID, "overall"), "the doctor's verdict")
+        assert overall[0].text in ("healthy", "warning")
+        _shot(browser, "doctor")
