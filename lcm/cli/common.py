@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 from rich.text import Text
 
 from lcm.config import LcmConfig, set_default_application_name
@@ -155,6 +156,27 @@ def name_connections(ctx: click.Context) -> None:
     the agents' ``lcm``. ``LCM_APPLICATION_NAME`` overrides it."""
     words = [*ctx.command_path.split()[1:], ctx.invoked_subcommand or ""]
     set_default_application_name(" ".join(["lcm-cli", *filter(None, words)]))
+
+
+#: Columns a table may take when stdout is a pipe or a file: as wide as its content, never wrapped.
+PIPED_WIDTH = 10_000
+
+
+def show_table(table: Table) -> None:
+    """Print a table: boxed in a terminal; to a pipe or a file, plain space-aligned columns as
+    wide as their content (no box characters, no wrapping at 80 columns), for grep, cut and awk
+    (``--tsv`` or ``--json`` where a script wants exact fields)."""
+    if stdout.is_terminal:
+        stdout.print(table)
+        return
+    table.box = None
+    table.pad_edge = False
+    before = stdout._width  # rich caps print(width=) at the console's own width
+    stdout.width = PIPED_WIDTH
+    try:
+        stdout.print(table, crop=False)
+    finally:
+        stdout._width = before
 
 
 def say(text: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_context, say, stdout, url_option, when
+from lcm.cli.common import emit_json, json_option, open_context, say, show_table, url_option, when
 from lcm.cli.recall import full_message, tool, whole_field
 from lcm.cli.transfer import import_plans
 from lcm.demo.generate import BRIDGE_CODE, DEMO_QUERY
@@ -108,7 +108,7 @@ def _show(result: dict[str, Any], last: str, url: str | None) -> None:
         ratio = s["raw_tokens"] / s["assembled_tokens"] if s["assembled_tokens"] else 0
         table.add_row(s["session_id"], f"{s['messages']:,}", f"{s['raw_tokens']:,}", dag,
                       f"{s['assembled_tokens']:,}", f"{ratio:.1f}x")
-    stdout.print(table)
+    show_table(table)
     window = result["context_length"]
     over = [s["session_id"] for s in result["sessions"] if s["assembled_tokens"] > window]
     say(f"every assembled prompt fits the {window:,}-token window" if not over else

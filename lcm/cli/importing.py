@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import context_on, emit_json, json_option, open_store, say, stdout, url_option
+from lcm.cli.common import context_on, emit_json, json_option, open_store, say, show_table, url_option
 from lcm.cli.transfer import DEFAULT_CONTEXT, import_plans, ingest_command
 from lcm.importers import read_hermes_state
 from lcm.transfer import SessionPlan
@@ -74,6 +74,6 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
         table.add_column(col, justify="left" if col in ("agent", "session") else "right")
     for r in rows:
         table.add_row(r["agent"], r["session_id"], str(r["in_file"]), str(r["already_stored"]), str(r["added"]))
-    stdout.print(table)
+    show_table(table)
     if rewound:
         say(f"{rewound} rewound message(s) (undone in Hermes) were not imported")

@@ -18,7 +18,7 @@ from lcm.cli.common import (
     open_context,
     open_store,
     say,
-    stdout,
+    show_table,
     url_option,
 )
 from lcm.errors import ConfigError
@@ -46,7 +46,7 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
         for key, value in res.items():
             shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             table.add_row(key, Text(shown))  # JSON for structured values, never Python reprs
-        stdout.print(table)
+        show_table(table)
         return
     stats = open_store(url).health.stats()
     if as_json:
@@ -56,7 +56,7 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
     for key in ("backend", "database", "agents", "sessions", "messages", "summaries", "payloads"):
         table.add_row(key, Text(str(stats[key])))
     table.add_row("size", f"{(stats['bytes'] or 0) / 1_048_576:.1f} MiB")
-    stdout.print(table)
+    show_table(table)
 
 
 @click.command("doctor")
@@ -100,7 +100,7 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
         colour = {"ok": "green", "warn": "yellow", "fail": "red"}
         for c in checks:
             table.add_row(c["name"], Text(c["status"], style=colour[c["status"]]), Text(c["detail"]))
-        stdout.print(table)
+        show_table(table)
         if overall == "unhealthy" and not repair:
             say("a failing search index check is fixed by: lcm doctor --repair")
     if overall == "unhealthy":

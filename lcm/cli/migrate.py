@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, stderr, stdout, url_option
+from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, show_table, stderr, url_option
 from lcm.store import Store
 from lcm.store import connection as db
 from lcm.store.sync import SessionPlan, StoreSync, SyncReport
@@ -69,7 +69,7 @@ def _show(report: SyncReport, source: Store, target: Store, *, as_json: bool, dr
     table.add_column("target", justify="right")
     for name, (src, dst) in report.counts.items():
         table.add_row(name, str(src), str(dst), style=None if src == dst else "red")
-    stdout.print(table)
+    show_table(table)
     say(f"copied {report.messages_copied} messages, {report.summaries_copied} summaries and "
         f"{report.vectors_copied} vectors in {report.sessions_copied} of {report.sessions} sessions")
     if report.verified:

@@ -27,7 +27,9 @@ from lcm.cli.common import (
     marked,
     open_context,
     open_store,
+    progress_bar,
     say,
+    show_table,
     stdout,
     tsv_option,
     url_option,
@@ -38,6 +40,8 @@ from lcm.errors import LcmError
 from lcm.tools import run_tool
 
 REF = re.compile(r"^(msg|node):(\d+)$")
+#: Messages ``lcm load`` asks lcm_load_session for at a time.
+LOAD_PAGE = 200
 
 
 class ToolError(LcmError):
@@ -127,7 +131,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, a
         cells += [Text(name), Text(r["platform"] or "-"), f"{r['messages']:,}", f"{r['tokens']:,}", share,
                   when(r["updated_at"])]
         table.add_row(*cells)
-    stdout.print(table)
+    show_table(table)
 
 
 @click.command("grep")
@@ -355,14 +359,21 @@ def load_command(session_key: str, url: str | None, agent: str, as_json: bool, r
     role_list = [r.strip() for r in roles.split(",") if r.strip()] if roles else None
     items: list[dict[str, Any]] = []
     cursor = None
-    while True:
-        page_size = 200 if limit is None else min(200, limit - len(items))
-        res = tool(context, "lcm_load_session", session_id=session_key, limit=page_size,
-                   after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
-        items.extend(res["messages"])
-        cursor = res["next_cursor"]
-        if cursor is None or (limit is not None and len(items) >= limit):
-            break
+    found = context.store.sessions.find(agent, session_key)  # None: the tool says so below
+    total = min(found.message_count, limit or found.message_count) if found is not None else 0
+    # A big session reads for seconds: progress on stderr (stdout stays the session's text).
+    with progress_bar(not as_json and total > LOAD_PAGE) as bar:
+        task = bar.add_task(f"load {session_key}", total=total, unit="messages") if bar is not None else None
+        while True:
+            page_size = LOAD_PAGE if limit is None else min(LOAD_PAGE, limit - len(items))
+            res = tool(context, "lcm_load_session", session_id=session_key, limit=page_size,
+                       after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
+            items.extend(res["messages"])
+            if bar is not None:
+                bar.advance(task, len(res["messages"]))
+            cursor = res["next_cursor"]
+            if cursor is None or (limit is not None and len(items) >= limit):
+                break
     if as_json:
         emit_json({"session_id": session_key, "messages": items, "more_after": cursor})
         return

@@ -19,8 +19,8 @@ from lcm.cli.common import (
     open_store,
     progress_bar,
     say,
+    show_table,
     stderr,
-    stdout,
     url_option,
 )
 from lcm.context.embed import backfill
@@ -144,7 +144,7 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
     for row in result["sessions"]:
         table.add_row(row["session_id"], str(row["in_file"]), str(row["already_stored"]), str(row["added"]),
                       " ".join(f"{k}:{v}" for k, v in row["summaries"].items()) or "-")
-    stdout.print(table)
+    show_table(table)
     prompts = sum(r.system_prompts for r in reports)
     if prompts:
         say(f"{prompts} system prompt version(s) kept with their session (not as messages; "

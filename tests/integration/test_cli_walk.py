@@ -178,3 +178,40 @@ def test_tsv_values_stay_on_one_line(capsys):
 
     emit_tsv(["a", "b"], [["x\ty\nz\\", None]])
     assert capsys.readouterr().out == "a\tb\nx\\ty\\nz\\\\\t\n"
+
+
+def test_tables_piped_to_another_program_are_plain_and_unwrapped(tmp_path):
+    """Issue 17.6: through a pipe, tables lose their box characters and keep each row on one
+    line whatever its width (the real console script, its stdout a pipe)."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'lcm.db'}"
+    key = "a-session-key-long-enough-to-push-the-table-past-eighty-columns-" + "x" * 40
+    (tmp_path / "one.jsonl").write_text(json.dumps({"role": "user", "content": "hello"}) + "\n")
+    run = [sys.executable, "-m", "lcm"]
+    assert subprocess.run([*run, "ingest", str(tmp_path / "one.jsonl"), "--url", url, "--session", key],
+                          capture_output=True, text=True).returncode == 0
+    done = subprocess.run([*run, "sessions", "--url", url], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not set("┃━│─┏┓┗┛┡┩└┘") & set(done.stdout), done.stdout
+    [row] = [line for line in done.stdout.splitlines() if key in line]
+    assert row.split()[0] == key and row.split()[-1].endswith("Z")  # the whole row on one line
+
+
+def test_loading_a_big_session_shows_progress_on_stderr(tmp_path):
+    """Issue 17.4: `lcm load` of a session that takes several pages says how far it is (on
+    stderr: stdout stays the session's text)."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'lcm.db'}"
+    lines = [json.dumps({"role": "user" if i % 2 == 0 else "assistant", "content": f"line {i}"}) for i in range(450)]
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    run = [sys.executable, "-m", "lcm"]
+    assert subprocess.run([*run, "ingest", str(tmp_path / "big.jsonl"), "--url", url, "--session", "big",
+                           "--no-compact"], capture_output=True, text=True).returncode == 0
+    done = subprocess.run([*run, "load", "big", "--url", url], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "load big: 450 messages" in done.stderr
+    assert done.stdout.count("── msg:") == 450 and "load big" not in done.stdout
