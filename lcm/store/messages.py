@@ -138,10 +138,7 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
                 timestamps: Sequence[float | None] | None = None) -> AppendResult:
     """:meth:`MessageRepository.append` inside the caller's write transaction. Without
     ``expect_last_seq`` the caller holds the session row's lock."""
-    identities = chain_identities(prepared, after_identity)
-    ts_now = time.time() if now is None else now
-    times = [row_time(timestamps[i] if timestamps is not None else None, p.encoded.host_timestamp, ts_now)
-             for i, p in enumerate(prepared)]
+    identities, ts_now, times = _identities_and_times(prepared, after_identity, now, timestamps)
     session: RowMapping  # the session row, as locked (or bumped) in this transaction
     if expect_last_seq is not None:
         # The caller's view is current: nothing of this can be stored yet. Claim the seq
@@ -161,6 +158,44 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
     known.update(inserted)
     if fresh and expect_last_seq is None:
         session = _bump(conn, session_pk, first_seq, [prepared[i] for i in fresh], ts_now)
+    return _appended(core, conn, session, prepared, identities, fresh, known, after_identity)
+
+
+def _bump(conn: Connection, session_pk: int, expected_last: int, added: Sequence[PreparedMessage],
+          now: float) -> RowMapping:
+    """Claim seq numbers after ``expected_last`` for ``added`` and add their counts: the
+    session row, now locked; StaleViewError when the session is no longer where expected."""
+    bumped = conn.execute(_BUMP_SESSION, _bump_params(session_pk, expected_last, added, now)).first()
+    if bumped is None:
+        raise _stale(session_pk, expected_last)
+    return bumped._mapping
+
+
+def _bump_params(session_pk: int, expected_last: int, added: Sequence[PreparedMessage], now: float) -> dict[str, Any]:
+    """The parameters of a session bump (``_BUMP_SESSION``, and the fused statement's UPDATE)."""
+    return {"sid": session_pk, "expected": expected_last, "new_last": expected_last + len(added),
+            "n": len(added), "tok": sum(p.token_count for p in added), "now": now}
+
+
+def _stale(session_pk: int, expected_last: int) -> StaleViewError:
+    return StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expected_last}")
+
+
+def _identities_and_times(prepared: Sequence[PreparedMessage], after_identity: str | None, now: float | None,
+                          timestamps: Sequence[float | None] | None) -> tuple[list[str], float, list[float]]:
+    """Each message's identity (chained after ``after_identity``), the time of this append, and
+    the time recorded for each message."""
+    identities = chain_identities(prepared, after_identity)
+    ts_now = time.time() if now is None else now
+    times = [row_time(timestamps[i] if timestamps is not None else None, p.encoded.host_timestamp, ts_now)
+             for i, p in enumerate(prepared)]
+    return identities, ts_now, times
+
+
+def _appended(core: StoreCore, conn: Connection, session: Any, prepared: Sequence[PreparedMessage],
+              identities: Sequence[str], fresh: Sequence[int], known: Mapping[str, int],
+              after_identity: str | None) -> AppendResult:
+    """What an append returns: the session as it now is, every message's store id, which were new."""
     record = session_record({**session, "agent_name": core.agent_name(conn, session["agent_id"])})
     fresh_set = set(fresh)
     return AppendResult(
@@ -170,18 +205,6 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
         last_identity=identities[-1] if identities else (after_identity or ""),
         token_counts=tuple(p.token_count for p in prepared),
     )
-
-
-def _bump(conn: Connection, session_pk: int, expected_last: int, added: Sequence[PreparedMessage],
-          now: float) -> RowMapping:
-    """Claim seq numbers after ``expected_last`` for ``added`` and add their counts: the
-    session row, now locked; StaleViewError when the session is no longer where expected."""
-    bumped = conn.execute(_BUMP_SESSION, {
-        "sid": session_pk, "expected": expected_last, "new_last": expected_last + len(added),
-        "n": len(added), "tok": sum(p.token_count for p in added), "now": now}).first()
-    if bumped is None:
-        raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expected_last}")
-    return bumped._mapping
 
 
 def _insert(core: StoreCore, conn: Connection, session: RowMapping, after_seq: int,
@@ -227,34 +250,24 @@ def _append_fused(core: StoreCore, session_pk: int, agent_pk: int, prepared: Seq
     ``fused_append``): a turn costs one round trip instead of four. Safe to re-run after a
     dropped connection whether or not it landed: the expected last seq makes a second run a
     StaleViewError, and the caller re-aligns."""
-    identities = chain_identities(prepared, after_identity)
-    ts_now = time.time() if now is None else now
-    times = [row_time(timestamps[i] if timestamps is not None else None, p.encoded.host_timestamp, ts_now)
-             for i, p in enumerate(prepared)]
+    identities, ts_now, times = _identities_and_times(prepared, after_identity, now, timestamps)
     fresh = first_of_each(identities)
     added = [prepared[i] for i in fresh]
     rows, index = _message_rows(session_pk, agent_pk, expect_last_seq,
                                 [(identities[i], prepared[i], times[i]) for i in fresh], {})
     for row in rows:
         del row["session_id"], row["agent_id"]  # the statement takes them from the session row
-    bump = {"sid": session_pk, "expected": expect_last_seq, "new_last": expect_last_seq + len(added),
-            "n": len(added), "tok": sum(p.token_count for p in added), "now": ts_now}
+    bump = _bump_params(session_pk, expect_last_seq, added, ts_now)
     with core.write_statement() as conn:
         try:
             fused = core.backend.append_fused(conn, bump, messages_t, rows, index)
         except IntegrityError as exc:
             raise ConcurrentUpdateError(CONCURRENT_INSERT) from exc
         if fused is None:
-            raise StaleViewError(f"session {session_pk} moved on (or is gone) since seq {expect_last_seq}")
+            raise _stale(session_pk, expect_last_seq)
         session = fused._mapping
-        record = session_record({**session, "agent_name": core.agent_name(conn, session["agent_id"])})
-    known = dict(zip(session["lcm_new_identities"], session["lcm_new_ids"], strict=True))
-    fresh_set = set(fresh)
-    return AppendResult(
-        session=record, store_ids=tuple(known[i] for i in identities),
-        new_flags=tuple(i in fresh_set for i in range(len(identities))),
-        last_identity=identities[-1] if identities else (after_identity or ""),
-        token_counts=tuple(p.token_count for p in prepared))
+        known = dict(zip(session["lcm_new_identities"], session["lcm_new_ids"], strict=True))
+        return _appended(core, conn, session, prepared, identities, fresh, known, after_identity)
 
 
 class MessageRepository:
