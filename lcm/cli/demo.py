@@ -19,9 +19,10 @@ import click
 from rich.table import Table
 
 from lcm.cli.common import emit_json, json_option, open_context, say, show_table, url_option, when
-from lcm.cli.recall import full_message, tool, whole_field
+from lcm.cli.recall import full_message, whole_field
 from lcm.cli.transfer import import_plans
 from lcm.demo.generate import BRIDGE_CODE, DEMO_QUERY
+from lcm.tools import call_tool
 from lcm.transfer import plan_sessions, read_transcript
 
 DEMO_AGENT = "lcm-demo"
@@ -68,7 +69,7 @@ def demo_command(url: str | None, as_json: bool, agent: str, context_length: int
                          "assembled_messages": len(assembled.messages)})
     last = plans[-1].session_key
     context.attach(last)
-    found = tool(context, "lcm_grep", query=DEMO_QUERY, session_scope="all", limit=5)
+    found = call_tool(context, "lcm_grep", query=DEMO_QUERY, session_scope="all", limit=5)
     hits = [h for h in found["results"] if h["type"] == "message"]
     recall: dict[str, Any] = {"query": DEMO_QUERY, "hits": found["results"], "byte_exact": False}
     if hits:

@@ -22,6 +22,7 @@ from lcm.cli.common import (
     url_option,
 )
 from lcm.errors import ConfigError
+from lcm.tools import call_tool
 from lcm.tools.health import health_report
 
 
@@ -34,11 +35,9 @@ from lcm.tools.health import health_report
 def status_command(url: str | None, agent: str, as_json: bool, session_key: str | None) -> None:
     """Show the store (backend, location, size, row counts) or one session's state."""
     if session_key is not None:
-        from lcm.cli.recall import tool
-
         context = open_context(url, agent)
         context.attach(session_key)
-        res = tool(context, "lcm_status")
+        res = call_tool(context, "lcm_status")
         if as_json:
             emit_json(res)
             return

@@ -36,24 +36,11 @@ from lcm.cli.common import (
     when,
 )
 from lcm.context.session import ContextSession
-from lcm.errors import LcmError
-from lcm.tools import run_tool
+from lcm.tools import call_tool
 
 REF = re.compile(r"^(msg|node):(\d+)$")
 #: Messages ``lcm load`` asks lcm_load_session for at a time.
 LOAD_PAGE = 200
-
-
-class ToolError(LcmError):
-    """A tool answered with an error (bad argument, not found): shown as one line."""
-
-
-def tool(context: ContextSession, name: str, **args: Any) -> dict[str, Any]:
-    """Run one agent tool and return its response, raising its error as a ToolError."""
-    payload: dict[str, Any] = json.loads(run_tool(context, name, {k: v for k, v in args.items() if v is not None}))
-    if "error" in payload:
-        raise ToolError(payload["error"])
-    return payload
 
 
 def whole_field(context: ContextSession, store_id: int, field: str = "content") -> tuple[str, dict[str, Any]]:
@@ -62,8 +49,8 @@ def whole_field(context: ContextSession, store_id: int, field: str = "content") 
     first: dict[str, Any] | None = None
     offset: int | None = 0
     while offset is not None:
-        res = tool(context, "lcm_expand", store_id=store_id, content_offset=offset, max_tokens=5_000,
-                   field=None if field == "content" else field)
+        res = call_tool(context, "lcm_expand", store_id=store_id, content_offset=offset, max_tokens=5_000,
+                        field=None if field == "content" else field)
         first = first or res
         pages.append(res["item"]["message"].get(field) or "")
         offset = res["next_content_offset"]
@@ -159,9 +146,9 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
     context = open_context(url, agent)
     if session_key is not None:
         context.attach(session_key)
-    res = tool(context, "lcm_grep", query=query, limit=limit, sort=sort, mode=mode, role=role, source=source,
-               session_scope="current" if session_key is not None else "all",
-               time_from=_time_arg(time_from), time_to=_time_arg(time_to))
+    res = call_tool(context, "lcm_grep", query=query, limit=limit, sort=sort, mode=mode, role=role, source=source,
+                    session_scope="current" if session_key is not None else "all",
+                    time_from=_time_arg(time_from), time_to=_time_arg(time_to))
     if as_json:
         emit_json(res)
         return
@@ -222,7 +209,7 @@ def describe_command(node: str | None, url: str | None, agent: str, as_json: boo
     context = open_context(url, agent)
     if node is None:
         context.attach(session_key or latest_session_key(context.store, agent))
-        res = tool(context, "lcm_describe")
+        res = call_tool(context, "lcm_describe")
         if as_json:
             emit_json(res)
             return
@@ -245,7 +232,7 @@ def describe_command(node: str | None, url: str | None, agent: str, as_json: boo
         context.attach(session_key)
     else:
         attach_to_node(context, node_id)
-    res = tool(context, "lcm_describe", node_id=node_id)
+    res = call_tool(context, "lcm_describe", node_id=node_id)
     if as_json:
         emit_json(res)
         return
@@ -315,8 +302,8 @@ def _expand_node(context: ContextSession, node_id: int, *, as_json: bool) -> Non
     offset: int | None = 0
     head = None
     while offset is not None:
-        res = tool(context, "lcm_expand", node_id=node_id, source_offset=offset, source_limit=50,
-                   max_tokens=16_000)
+        res = call_tool(context, "lcm_expand", node_id=node_id, source_offset=offset, source_limit=50,
+                        max_tokens=16_000)
         head = head or res
         sources.extend(res["expanded"])
         offset = res["pagination"]["next_source_offset"]
@@ -366,8 +353,8 @@ def load_command(session_key: str, url: str | None, agent: str, as_json: bool, r
         task = bar.add_task(f"load {session_key}", total=total, unit="messages") if bar is not None else None
         while True:
             page_size = LOAD_PAGE if limit is None else min(LOAD_PAGE, limit - len(items))
-            res = tool(context, "lcm_load_session", session_id=session_key, limit=page_size,
-                       after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
+            res = call_tool(context, "lcm_load_session", session_id=session_key, limit=page_size,
+                            after_store_id=cursor, max_content_chars=max_chars, roles=role_list)
             items.extend(res["messages"])
             if bar is not None:
                 bar.advance(task, len(res["messages"]))

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lcm.context.session import ContextSession
+from lcm.errors import LcmError
 from lcm.tools.answer import expand_query
 from lcm.tools.args import ArgumentError, Parsed, parse_args
 from lcm.tools.health import doctor, status
@@ -61,3 +62,16 @@ def run_tool(context: ContextSession, name: str, args: Any) -> str:
         row_limit = arg in ("limit", "source_limit", "max_results", "node_ids")
         payload.setdefault("limit_clamped_from" if row_limit else f"{arg}_clamped_from", asked)
     return dumps(payload)
+
+
+class ToolError(LcmError):
+    """A tool answered with an error (bad argument, not found): shown to a person as one line."""
+
+
+def call_tool(context: ContextSession, name: str, **args: Any) -> dict[str, Any]:
+    """``run_tool`` for the adapters that show answers to people (the command line, the
+    explorer): the response as a dict, None arguments left out, an error raised as ToolError."""
+    payload: dict[str, Any] = json.loads(run_tool(context, name, {k: v for k, v in args.items() if v is not None}))
+    if "error" in payload:
+        raise ToolError(payload["error"])
+    return payload

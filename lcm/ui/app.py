@@ -37,7 +37,7 @@ from lcm.config import LcmConfig
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError, NotFoundError
 from lcm.store import Store
-from lcm.tools import run_tool
+from lcm.tools import call_tool
 
 HERE = Path(__file__).parent
 PAGE_DEFAULT = 50
@@ -69,11 +69,7 @@ class Explorer:
         return context
 
     def tool(self, agent: str, name: str, session_key: str | None = None, **args: Any) -> dict[str, Any]:
-        answer: dict[str, Any] = json.loads(run_tool(self.context(agent, session_key), name,
-                                                     {k: v for k, v in args.items() if v is not None}))
-        if "error" in answer:
-            raise LcmError(answer["error"])
-        return answer
+        return call_tool(self.context(agent, session_key), name, **args)
 
     def session(self, agent: str, session_key: str) -> Any:
         found = self.store.sessions.find(agent, session_key)
