@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from lcm.config import LcmConfig
+from lcm.config import LcmConfig, in_range
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError, NotFoundError
 from lcm.store import Store
@@ -87,9 +87,10 @@ def _int(request: Request, name: str, default: int | None = None, *, low: int = 
         value = int(str(raw))
     except ValueError:
         raise LcmError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        raise LcmError(f"{name} must be between {low} and {high}" if high is not None else f"{name} must be >= {low}")
-    return value
+    try:
+        return in_range(name, value, low, high)
+    except ValueError as exc:
+        raise LcmError(str(exc)) from None
 
 
 def _wants_json(request: Request) -> bool:
