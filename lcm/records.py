@@ -219,6 +219,9 @@ class SearchResult:
     #: relevance order or a filtered result covers only the newest candidates.
     candidates_clamped: bool = False
     notes: tuple[str, ...] = field(default=())
+    #: Newest messages stored but not yet indexed, so not searched (SQLite's batched index on
+    #: a store that may not write it, e.g. ``lcm ui``); 0 normally.
+    unindexed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ def ui_command(url: str | None, as_json: bool, host: str, port: int, token: str 
     if not is_loopback(host) and token is None:
         token = secrets.token_urlsafe(24)
     require_existing(url)
-    store = Store.open(db.resolve_url(url), upgrade=False)  # read-only: not even a schema upgrade
+    store = Store.open(db.resolve_url(url), upgrade=False, read_only=True)  # not even a schema upgrade
     sock = bind(host, port)
     shown_host = f"[{host}]" if ":" in host else host
     address = f"http://{shown_host}:{sock.getsockname()[1]}/" + (f"?token={token}" if token else "")

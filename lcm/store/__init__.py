@@ -53,7 +53,7 @@ class Store:
         self.forget = ForgetRepository(core)
 
     @classmethod
-    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None) -> Store:
+    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None, read_only: bool = False) -> Store:
         """Open (and for SQLite create or upgrade) the lcm database at ``url`` (default:
         ``LCM_DATABASE_URL``, else ``~/.lcm/lcm.db``).
 
@@ -61,9 +61,14 @@ class Store:
         PostgreSQL schema that is not at this lcm's head (run ``lcm db upgrade``: on a shared
         server, schema changes are an operator's decision). ``upgrade=True`` upgrades either;
         ``upgrade=False`` never does.
+
+        ``read_only=True`` (``lcm ui``): lcm itself writes nothing, not even derived data, so
+        messages a writer stored since the search index last caught up (fewer than
+        ``INDEX_BATCH`` on SQLite) are not found by search, which says so in its notes.
         """
         resolved = url if isinstance(url, URL) else connection.resolve_url(url)
         store = cls(resolved)
+        store._core.read_only = read_only
         state = store._core.schema_state()
         if state.status == "current":
             return store

@@ -11,6 +11,7 @@ happen in the store.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -38,6 +39,8 @@ from lcm.store.schema import (
     SummarySource,
     SystemPrompt,
 )
+
+log = logging.getLogger("lcm")
 
 messages_t = cast(Table, Message.__table__)
 sessions_t = cast(Table, Session.__table__)
@@ -148,6 +151,9 @@ class StoreCore:
         self._session_agents: dict[int, int] = {}
         #: Fault injection for tests: called with a step name inside write transactions.
         self.on_write_step: Callable[[str], None] | None = None
+        #: Set by ``Store.open(read_only=True)`` (``lcm ui``): lcm writes nothing, not even
+        #: derived data such as the search index's backlog.
+        self.read_only = False
 
     @property
     def location(self) -> str:
@@ -213,6 +219,24 @@ class StoreCore:
         with self._failures("write to"), self.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
             yield conn
+
+    def catch_up_index(self) -> int:
+        """Before a search: index the messages the backend left pending (SQLite indexes them
+        in batches). Returns how many stay unindexed, and so unsearchable: 0, unless this
+        store may not write (``read_only``, or a file lcm cannot write)."""
+        if not self.backend.indexes_in_batches:
+            return 0
+        with self.read() as conn:
+            pending = self.backend.pending_index(conn)
+        if not pending or self.read_only:
+            return pending
+        try:
+            with self.write() as conn:
+                self.backend.catch_up_index(conn)
+        except DatabaseUnavailableError as exc:
+            log.warning("lcm: %d newest messages cannot be indexed for search now: %s", pending, exc)
+            return pending
+        return 0
 
     def session_agent(self, session_pk: int) -> int | None:
         """The agent of a session this process has written to (a session never changes agent)."""

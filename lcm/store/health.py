@@ -44,6 +44,8 @@ class HealthRepository:
     def checks(self, *, deep: bool = False) -> list[CheckResult]:
         """Every storage check the doctor reports. ``deep`` re-verifies the whole search index."""
         results = [self.check_schema()]
+        if deep:  # FTS5 compares every row only when none is pending (SQLite's batched index)
+            self._core.catch_up_index()
         with self._core.read() as conn:
             results.extend(self._core.backend.check_database(conn))
             results.extend(self._core.backend.check_search_index(conn, deep))
@@ -259,7 +261,8 @@ class HealthRepository:
 
     def optimize(self) -> None:
         """Refresh the query planner's statistics (and, on PostgreSQL, merge the GIN indexes'
-        pending rows); call after a bulk import."""
+        pending rows; on SQLite, index the messages still pending); call after a bulk import."""
+        self._core.catch_up_index()
         with self._core.engine.connect() as conn:
             self._core.backend.optimize(conn)
             conn.commit()

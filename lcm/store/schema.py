@@ -55,6 +55,7 @@ DIALECT_ONLY_OBJECTS = frozenset(
         "ix_lcm_summaries_agent_recent",
         "lcm_messages_stems",
         "lcm_summaries_stems",
+        "lcm_search_marks",
         "search_stems",
         "ix_lcm_messages_search_stems",
         "ix_lcm_summaries_search_stems",

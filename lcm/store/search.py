@@ -91,6 +91,11 @@ class SearchRepository:
         self._core = core
         self._vectors = vectors
 
+    def catch_up(self) -> int:
+        """Index the messages the backend left pending (every search does this first); how
+        many stay unindexed (0 unless the store may not write)."""
+        return self._core.catch_up_index()
+
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
                          session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
                          time_from: float | None = None, time_to: float | None = None,
@@ -159,10 +164,14 @@ class SearchRepository:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
+        unindexed = self._core.catch_up_index()
+        notes = (f"the newest {unindexed} message{'s' if unindexed != 1 else ''} stored since the index "
+                 "last caught up were not searched (this store is read-only; the next search that may "
+                 "write indexes them)",) if unindexed else ()
         with self._core.read() as conn:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None:
-                return SearchResult(hits=[])
+                return SearchResult(hits=[], notes=notes, unindexed=unindexed)
             if session_pk is not None:
                 owner = conn.execute(select(sessions_t.c.agent_id).where(sessions_t.c.id == session_pk)).scalar()
                 if owner != agent_pk:
@@ -170,7 +179,7 @@ class SearchRepository:
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=session_pk,
                               ranked=sort != "recency", limit=limit, **filters)
             if spec.query.is_empty:
-                return SearchResult(hits=[], notes=spec.query.notes)
+                return SearchResult(hits=[], notes=spec.query.notes + notes, unindexed=unindexed)
             found, clamped = candidates_of(conn, spec)
             chosen = order_candidates(found, sort, limit)
             hits = hits_of(conn, spec, chosen)
@@ -182,7 +191,8 @@ class SearchRepository:
                                                     term_rows)
                 hits += more
                 clamped = clamped or more_clamped
-        return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes)
+        return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
+                            unindexed=unindexed)
 
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,

@@ -131,6 +131,9 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     words = merge_hits(list(lexical.hits), summary_hits, rank_sort, depth)
     found = Found(hits=words[:limit], mode="full_text", clamped=lexical.candidates_clamped,
                   notes=list(lexical.notes), summaries_omitted=scope == "current" and filtered)
+    if lexical.unindexed:
+        found.degraded_reason = (f"the newest {lexical.unindexed} stored message(s) are not indexed yet and "
+                                 "were not searched (a read-only store: the next search that may write indexes them)")
     if wanted == "full_text":
         return found
     if embedder is None:

@@ -145,7 +145,8 @@ WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002
            "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
            "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006,
            "0007_stemmed_search": write_at_0006,  # 0007 added an index only: the same rows
-           "0008_vectors": write_at_0006}  # 0008 added a table of derived data: the same rows
+           "0008_vectors": write_at_0006,  # 0008 added a table of derived data: the same rows
+           "0009_session_origin": write_at_0006}  # 0009 added a nullable column: the same rows
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -212,12 +213,56 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     engine.dispose()
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
-    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors")
+    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors", "0009_session_origin")
     verify_old_data(store, prompts_kept=1 if kept_prompts else 0)
-    if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search", "0008_vectors"):
+    if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search", "0008_vectors",
+                    "0009_session_origin"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
     if kept_prompts:
         assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST
+
+
+def test_rows_indexed_before_0010_and_rows_pending_after_it_stay_consistent(db_url):
+    """0010 (SQLite) indexes messages in batches behind a watermark. Rows the old triggers
+    indexed, rows a batch indexed and rows still pending are each updated and deleted; every
+    search then finds what the rows say, and FTS5's own row-by-row comparison passes."""
+    from lcm.store.backends.sqlite import INDEX_BATCH
+
+    url = db.resolve_url(db_url)
+    migrations.upgrade(url, "0009_session_origin")
+    engine = db.standalone_engine(url)
+    with engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+        write_at_0006(conn)
+    engine.dispose()
+    migrations.upgrade(url, "head")
+    store = Store.open(db_url)
+    session = store.sessions.find("old-agent", "old-session")
+    new = [{"role": "user", "content": f"quokka note {i}"} for i in range(INDEX_BATCH + 10)]
+    first = append_messages(store, session.id, new[:INDEX_BATCH])  # a full batch: indexed by the write
+    ids = [*first.store_ids, *append_messages(store, session.id, new[INDEX_BATCH:],
+                                              after_identity=first.last_identity).store_ids]
+    if store.backend_name == "sqlite":
+        with store.engine.connect() as conn:
+            pending = store.backend.pending_index(conn)
+        assert pending == 10  # the first batch was indexed by the write, the rest waits
+    old_row = store.messages.get_range(session.id)[1].store_id  # "legacy question about the marmot..."
+    batched, waiting = ids[0], ids[-1]
+    with store.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+        for row_id, word in ((old_row, "okapi"), (batched, "narwhal"), (waiting, "axolotl")):
+            conn.execute(text("UPDATE lcm_messages SET content = :c, search_text = NULL WHERE id = :i"),
+                         {"c": f"now about the {word}", "i": row_id})
+        store.backend.reindex_messages(conn, [old_row, batched, waiting])  # as lcm's own edits do
+        conn.execute(text("DELETE FROM lcm_messages WHERE id IN (:a, :b)"), {"a": ids[1], "b": ids[-2]})
+
+    def found(query: str) -> set[int]:
+        return {h.id for h in store.search.messages(query, agent="old-agent", limit=200).hits}
+
+    assert found("okapi") == {old_row} and found("narwhal") == {batched} and found("axolotl") == {waiting}
+    assert old_row not in found("deployment")
+    assert found("quokka note 2") == {ids[2]} and found(f"quokka note {len(ids) - 3}") == {ids[-3]}
+    assert not found("quokka note 1") and not found(f"quokka note {len(ids) - 2}")  # deleted
+    checks = {c.name: c for c in store.health.checks(deep=True)}
+    assert all(c.status == "ok" for n, c in checks.items() if n.startswith("search_index")), checks
 
 
 def test_empty_to_head_then_base_then_head(db_url):

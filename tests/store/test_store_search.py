@@ -305,3 +305,52 @@ def test_lexeme_statistics_estimate_matches():
     assert _estimated_matches(parse_query("needle"), ["s99"], stats) == pytest.approx(1)
     assert _estimated_matches(parse_query("comm*"), [], stats) is None
     assert _estimated_matches(parse_query("common"), [], None) is None
+
+
+# ----------------------------------------------------------------- SQLite's batched message index
+
+
+def test_a_stored_message_is_found_by_the_next_search_before_its_batch_is_indexed(store):
+    """SQLite indexes messages in batches (revision 0010): a turn leaves its rows pending, and
+    the next search indexes them first, so it never misses one; PostgreSQL indexes on insert."""
+    s = store.sessions.get_or_create("agent", "s")
+    ids = append_messages(store, s.id, [{"role": "user", "content": "the capybara escaped"},
+                                        {"role": "assistant", "content": "find the capybara"}]).store_ids
+    with store.engine.connect() as conn:
+        pending = store.backend.pending_index(conn)
+    assert pending == (2 if store.backend_name == "sqlite" else 0)
+    assert {h.id for h in store.search.messages("capybara", agent="agent").hits} == set(ids)
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == 0
+
+
+def test_a_full_batch_is_indexed_by_the_write_that_fills_it(sqlite_url):
+    from lcm.store import Store
+    from lcm.store.backends.sqlite import INDEX_BATCH
+
+    store = Store.open(sqlite_url)
+    s = store.sessions.get_or_create("agent", "s")
+    first = append_messages(store, s.id, [{"role": "user", "content": f"row {i}"} for i in range(INDEX_BATCH - 1)])
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == INDEX_BATCH - 1
+    append_messages(store, s.id, [{"role": "user", "content": "the last of the batch"}],
+                    after_identity=first.last_identity)
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM lcm_messages_stems_docsize").scalar_one() == INDEX_BATCH
+
+
+def test_a_read_only_store_says_which_messages_its_search_could_not_see(sqlite_url):
+    """``lcm ui`` writes nothing, not even the index backlog: its search reports the pending
+    messages it could not search, and finds them once a writer's search indexed them."""
+    from lcm.store import Store
+
+    writer = Store.open(sqlite_url)
+    reader = Store.open(sqlite_url, read_only=True)
+    s = writer.sessions.get_or_create("agent", "s")
+    [row] = append_messages(writer, s.id, [{"role": "user", "content": "the okapi sleeps"}]).store_ids
+    seen = reader.search.messages("okapi", agent="agent")
+    assert seen.hits == [] and any("newest 1 message stored since" in n for n in seen.notes)
+    assert [h.id for h in writer.search.messages("okapi", agent="agent").hits] == [row]
+    seen = reader.search.messages("okapi", agent="agent")
+    assert [h.id for h in seen.hits] == [row] and not seen.notes

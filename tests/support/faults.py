@@ -18,6 +18,7 @@ def _unindex_sqlite(conn: Connection, store_id: int) -> str:
 
 def drop_from_index(store: Store, store_id: int) -> None:
     """The row stays, its search index entry is gone (a lost trigger write)."""
+    store.search.catch_up()  # only an indexed row can lose its entry
     with store.engine.begin() as conn:
         if store.backend_name == "sqlite":
             _unindex_sqlite(conn, store_id)
@@ -28,6 +29,7 @@ def drop_from_index(store: Store, store_id: int) -> None:
 
 def corrupt_index_entry(store: Store, store_id: int) -> None:
     """The row stays indexed, but under words it does not contain."""
+    store.search.catch_up()
     with store.engine.begin() as conn:
         if store.backend_name == "sqlite":
             scope = _unindex_sqlite(conn, store_id)

@@ -163,6 +163,20 @@ class Backend(ABC):
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
         a word too common to decide anything on its own."""
 
+    #: Whether messages wait for :meth:`catch_up_index` to become searchable.
+    indexes_in_batches: bool = False
+
+    def pending_index(self, conn: Connection) -> int:
+        """Messages stored but not yet in the search index (0 where the insert indexes them,
+        as on PostgreSQL). See :meth:`catch_up_index`."""
+        return 0
+
+    def catch_up_index(self, conn: Connection) -> int:
+        """Index every pending message, inside the caller's write transaction; how many were
+        indexed. The store runs it before any search, so a search never misses a stored
+        message (SQLite indexes messages in batches, revision 0010)."""
+        return 0
+
     @abstractmethod
     def check_database(self, conn: Connection) -> list[CheckResult]:
         """Low-level integrity of the database itself."""
