@@ -21,7 +21,7 @@ first, with the same turns):
 These passes only measure where the time goes; nothing in lcm runs that way.
 
 On SQLite lcm indexes messages for search in batches (revision 0010): most turns leave their
-rows pending, one turn in about 64 indexes a batch of 256. Every pass but *index upkeep
+rows pending, one turn in about 256 indexes a batch of 1024. Every pass but *index upkeep
 excluded* ends by indexing what is still pending (what the next search would do), and that
 time counts in its rate, so lcm's turns/s include all of its index upkeep.
 """

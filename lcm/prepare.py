@@ -58,6 +58,8 @@ class PreparedMessage:
     search_text: str | None
     body: str  # the index text itself (also handed to the backend's index upkeep)
     payload: Payload | None
+    #: False: ``token_count`` is an estimate (``lcm.tokens.EstimatedTokens``), counted later.
+    token_exact: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ def prepare_message(message: Mapping[str, Any], tokens: TokenCounter,
         search_text=None if same else body,
         body=body,
         payload=compress_payload(enc.payload) if enc.payload is not None else None,
+        token_exact=tokens.exact,
     )
 
 

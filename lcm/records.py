@@ -43,6 +43,9 @@ class SessionRecord:
     #: Where an imported session came from (JSON: format, path, id in that store); None when
     #: lcm recorded it live.
     origin: dict[str, Any] | None = None
+    #: The first seq whose token count may still be an estimate (None: all exact); see
+    #: ``MessageRepository.settle_tokens``.
+    estimated_from: int | None = None
 
     @property
     def raw_tokens(self) -> int:
@@ -210,6 +213,15 @@ class SearchHit:
     depth: int | None = None
     #: How it matched: every word of the query ("all"), or some of its content words ("any").
     match: MatchKind = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class SettledTokens:
+    """What ``MessageRepository.settle_tokens`` counted: the exact count of each message that
+    had an estimate, by store id, and the session as it now is (None: nothing was estimated)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    session: SessionRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,6 +162,9 @@ class TokenCounter:
     """Counts tokens for one model; cheap to create, loads its encoding on first use."""
 
     model: str | None = None
+    #: False for a counter that estimates (``EstimatedTokens``): what it counts is stored as an
+    #: estimate, to be counted exactly later.
+    exact = True
 
     def __post_init__(self) -> None:
         self._encoding_name = encoding_name_for_model(self.model)
@@ -191,3 +194,18 @@ class TokenCounter:
     def count_message_text(self, text: str) -> int:
         """Tokens a message with this text costs in a prompt (text plus framing)."""
         return self.count_text(text) + MESSAGE_OVERHEAD_TOKENS
+
+
+class EstimatedTokens(TokenCounter):
+    """Characters / 4, rounded up: what a turn stores when its exact count is deferred (a
+    backend with ``defer_token_counts``). No tokenizer runs; the engine counts exactly before
+    any decision reads the counts (``MessageRepository.settle_tokens``)."""
+
+    exact = False
+
+    @property
+    def source(self) -> str:
+        return "estimate:chars/4"
+
+    def count_text(self, text: str) -> int:
+        return (len(text) + CHARS_PER_TOKEN_ESTIMATE - 1) // CHARS_PER_TOKEN_ESTIMATE if text else 0

@@ -56,10 +56,13 @@ from lcm.errors import ConcurrentUpdateError
 from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
 from lcm.prepare import PreparedMessage, message_identity, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
-from lcm.tokens import TokenCounter
+from lcm.tokens import EstimatedTokens, TokenCounter
 from lcm.transcript import conversation_of, recall_call_ids, split_transcript
 
 log = logging.getLogger(__name__)
+
+#: Counts a turn's messages where the store counts them exactly later.
+ESTIMATED = EstimatedTokens()
 
 #: Where the transcript first meets the store is searched among this many of its first
 #: messages that have a stored match, each at this many (newest) stored positions.
@@ -172,6 +175,20 @@ class Ingestor:
     _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def _counter(self) -> TokenCounter:
+        """What a turn's messages are counted with: the exact tokenizer, or an estimate where
+        the store counts exactly later (``MessagePort.counts_later``: see ``recount``)."""
+        return ESTIMATED if self.store.messages.counts_later else self.tokens
+
+    def recount(self, session_pk: int, exact: Mapping[int, int]) -> None:
+        """Exact counts of messages stored with estimates (``MessagePort.settle_tokens``): the
+        host view remembered for the session takes them too."""
+        with self._lock:
+            seen = self._cache.get(session_pk)
+            if seen is not None and exact:
+                seen.token_counts = [exact.get(sid, tok) for sid, tok in zip(seen.store_ids, seen.token_counts,
+                                                                               strict=True)]
+
     def forget(self, session_pk: int | None = None) -> None:
         with self._lock:
             if session_pk is None:
@@ -229,7 +246,7 @@ class Ingestor:
         recall = seen.recall | recall_call_ids(good)
         try:
             result = self.store.messages.append(
-                seen.session.id, prepare_messages(good, self.tokens, recall),
+                seen.session.id, prepare_messages(good, self._counter(), recall),
                 after_identity=seen.end_identity or None, expect_last_seq=seen.end_seq)
         except ConcurrentUpdateError:
             return None
@@ -255,12 +272,12 @@ class Ingestor:
         # expensive part of a write. The plan that counts is made again under the lock.
         guess = _plan(_Reader(self.store), session_pk, keys)
         prepared: dict[int, PreparedMessage] = dict(zip(
-            guess.new_idx, prepare_messages([good[i] for i in guess.new_idx], self.tokens, recall), strict=True))
+            guess.new_idx, prepare_messages([good[i] for i in guess.new_idx], self._counter(), recall), strict=True))
         with self.store.sessions.family(session_pk) as writer:
             plan = _plan(writer, session_pk, keys)
             missing = [i for i in plan.new_idx if i not in prepared]
             if missing:
-                prepared.update(zip(missing, prepare_messages([good[i] for i in missing], self.tokens, recall),
+                prepared.update(zip(missing, prepare_messages([good[i] for i in missing], self._counter(), recall),
                                     strict=True))
             target, forked = plan.target, False
             if plan.new_idx and plan.fork_seq is not None:

@@ -12,7 +12,7 @@ implementation (``lcm.store.*``); a port only lists them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -28,6 +28,7 @@ from lcm.records import (
     NewSummary,
     SearchResult,
     SessionRecord,
+    SettledTokens,
     SortMode,
     SummaryRecord,
     SystemPromptRecord,
@@ -91,6 +92,9 @@ class MessagePort(Protocol):
     def seq_of_identity(self, session_pk: int, identity: str) -> int | None: ...
     def remember_generated(self, agent: str, digests: Mapping[str, str | None]) -> None: ...
     def generated(self, agent: str, digests: Collection[str]) -> dict[str, str | None]: ...
+    @property
+    def counts_later(self) -> bool: ...
+    def settle_tokens(self, session_pk: int, count: Callable[[str], int]) -> SettledTokens: ...
 
 
 class SummaryPort(Protocol):

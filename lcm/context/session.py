@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lcm.config import LcmConfig
@@ -36,7 +36,7 @@ from lcm.context.summarize import HostRoute, Summarizer
 from lcm.errors import InvalidMessageError, LcmError, NotFoundError
 from lcm.messages import content_hash, message_text
 from lcm.prepare import prepare_system_prompt
-from lcm.records import CompactionView, SessionRecord
+from lcm.records import CompactionView, SessionRecord, SettledTokens
 from lcm.redact import Redactor
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
@@ -540,6 +540,7 @@ class ContextSession:
                 "host re-sending its history): its context is left as it is"), "passes": 0,
                 "at": time.time()})
             return messages
+        seen = self._settled(seen)
         sys_tokens, host_size = self._measure(messages, seen, current_tokens)
         done = self._burst(seen.session, context_estimate(self.overhead, sys_tokens), host_size,
                            force=force, focus=focus)
@@ -581,6 +582,27 @@ class ContextSession:
         self.record(result)
         return messages
 
+    def settle_counts(self, session_pk: int) -> SettledTokens:
+        """Exact token counts for the session's messages stored with estimates (a store that
+        counts later, see ``MessagePort.counts_later``), before anything plans with them; the
+        host view remembered for the session takes them too."""
+        settled = self.store.messages.settle_tokens(session_pk, self.tokens.count_message_text)
+        if settled.counts:
+            self.ingestor.recount(session_pk, settled.counts)
+        return settled
+
+    def _settled(self, seen: IngestResult) -> IngestResult:
+        """``seen`` with exact token counts (and the session's counters as they now are)."""
+        if not self.store.messages.counts_later and seen.session.estimated_from is None:
+            return seen  # every count is exact: no call at all
+        settled = self.settle_counts(seen.session.id)
+        if settled.session is None:
+            return seen
+        self.current = settled.session
+        exact = settled.counts
+        return replace(seen, session=settled.session, token_counts=[
+            exact.get(sid, tokens) for sid, tokens in zip(seen.store_ids, seen.token_counts, strict=True)])
+
     def _burst(self, session: SessionRecord, estimate: Callable[[SessionRecord], int], host_size: int, *,
                force: bool, focus: str | None) -> CompactionResult:
         """Compact when due (:meth:`compaction_cause`, on the larger of the host's size and
@@ -615,6 +637,7 @@ class ContextSession:
     def compact_stored(self, *, force: bool = False, focus: str | None = None) -> dict[str, Any]:
         """Compact the bound session from what is stored, with no host transcript: what an
         import does after each turn. Same planning, bounds and outcome as :meth:`turn`."""
+        self.settle_counts(self.session.id)
         session = self.store.sessions.get(self.session.id)
         estimate = context_estimate(0, 0)
         done = self._burst(session, estimate, estimate(session), force=force, focus=focus)
@@ -627,7 +650,9 @@ class ContextSession:
         return result
 
     def assemble_context(self, system: Mapping[str, Any] | None = None) -> Assembly:
-        """The context lcm would hand the host now for the bound session (nothing written)."""
+        """The context lcm would hand the host now for the bound session (nothing written but
+        exact token counts for messages stored with estimates)."""
+        self.settle_counts(self.session.id)
         view = self.store.summaries.compaction_view(self.session.id)
         self.current = view.session
         return self._assemble(view, None, system)

@@ -103,6 +103,7 @@ def session_record(row: Any) -> SessionRecord:
         summary_count=m["summary_count"], summary_tokens=m["summary_tokens"],
         parent_id=m["parent_id"], fork_seq=m["fork_seq"], skipped_count=m["skipped_count"],
         origin=codec.decode_json(m["origin"]) if m["origin"] else None,
+        estimated_from=m.get("estimated_from"),
     )
 
 

@@ -234,7 +234,7 @@ class ForgetRepository:
         return touched
 
     def _erase(self, conn: Connection, item: SessionForget) -> bool:
-        self._core.lock_session(conn, item.session_pk)
+        session = self._core.lock_session(conn, item.session_pk)
         s, m = summaries_t, messages_t
         first = item.first_seq
         dropped = list(conn.execute(select(s.c.id).where(s.c.session_id == item.session_pk,
@@ -276,9 +276,13 @@ class ForgetRepository:
             m.c.session_id == item.session_pk)).one()
         covered_tokens = conn.execute(select(func.coalesce(func.sum(m.c.token_count), 0)).where(
             m.c.session_id == item.session_pk, m.c.seq <= covered)).scalar() or 0
+        # Estimated token counts (a store that counts later) move down with their messages:
+        # from ``first`` on is a safe bound (counting an exact row again changes nothing).
+        estimated = session["estimated_from"]
         conn.execute(update(sessions_t).where(sessions_t.c.id == item.session_pk).values(
             last_seq=count, message_count=count, token_count=tokens, covered_seq=covered,
-            covered_tokens=covered_tokens, host_view_seq=0))
+            covered_tokens=covered_tokens, host_view_seq=0,
+            estimated_from=None if estimated is None or count == 0 else max(1, min(estimated, first))))
         self._recount_summaries(conn, item.session_pk)
         return bool(dropped)
 

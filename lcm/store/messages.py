@@ -13,15 +13,15 @@ which a host transcript's copies of them are recognised (``lcm.transcript.OwnMes
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, cast
 
-from sqlalchemy import Connection, RowMapping, Select, bindparam, select, update
+from sqlalchemy import Connection, Select, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
 from lcm.errors import ConcurrentUpdateError, StaleViewError
-from lcm.messages import decode_message
+from lcm.messages import decode_message, message_text
 from lcm.prepare import (
     PAYLOAD_CODEC,
     Payload,
@@ -31,7 +31,7 @@ from lcm.prepare import (
     first_of_each,
     row_time,
 )
-from lcm.records import AppendResult, MessageMeta, MessageRecord
+from lcm.records import AppendResult, MessageMeta, MessageRecord, SessionRecord, SettledTokens
 from lcm.store._core import (
     MAX_PAGE_LIMIT,
     StoreCore,
@@ -52,9 +52,13 @@ _BUMP_SESSION = (
     update(sessions_t)
     .where(sessions_t.c.id == bindparam("sid"), sessions_t.c.last_seq == bindparam("expected"))
     .values(last_seq=bindparam("new_last"), message_count=sessions_t.c.message_count + bindparam("n"),
-            token_count=sessions_t.c.token_count + bindparam("tok"), updated_at=bindparam("now"))
+            token_count=sessions_t.c.token_count + bindparam("tok"), updated_at=bindparam("now"),
+            estimated_from=func.coalesce(sessions_t.c.estimated_from, bindparam("est_from")))
     .returning(*sessions_t.c)
 )
+
+#: Messages counted per read while settling a session's estimated token counts.
+SETTLE_PAGE = 1000
 
 MESSAGE_COLUMNS = (
     messages_t.c.id, messages_t.c.session_id, messages_t.c.seq, messages_t.c.role,
@@ -139,16 +143,17 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
     """:meth:`MessageRepository.append` inside the caller's write transaction. Without
     ``expect_last_seq`` the caller holds the session row's lock."""
     identities, ts_now, times = _identities_and_times(prepared, after_identity, now, timestamps)
-    session: RowMapping  # the session row, as locked (or bumped) in this transaction
+    session: Mapping[str, Any]  # the session row, as locked (or bumped) in this transaction
     if expect_last_seq is not None:
         # The caller's view is current: nothing of this can be stored yet. Claim the seq
         # numbers first (one UPDATE that also locks the row), then insert.
         fresh = first_of_each(identities)
-        session = _bump(conn, session_pk, expect_last_seq, [prepared[i] for i in fresh], ts_now)
+        session = _bump(core, conn, session_pk, expect_last_seq, [prepared[i] for i in fresh], ts_now)
         known: dict[str, int] = {}
         first_seq = expect_last_seq
     else:
-        session = conn.execute(select(sessions_t).where(sessions_t.c.id == session_pk)).one()._mapping
+        session = cast(Mapping[str, Any], conn.execute(
+            select(sessions_t).where(sessions_t.c.id == session_pk)).one()._mapping)
         known = dict(fetch_in(
             conn, identities, lambda chunk: select(messages_t.c.identity, messages_t.c.id).where(
                 messages_t.c.session_id == session_pk, messages_t.c.identity.in_(chunk))))
@@ -157,24 +162,26 @@ def append_rows(core: StoreCore, conn: Connection, session_pk: int, prepared: Se
     inserted = _insert(core, conn, session, first_seq, [(identities[i], prepared[i], times[i]) for i in fresh])
     known.update(inserted)
     if fresh and expect_last_seq is None:
-        session = _bump(conn, session_pk, first_seq, [prepared[i] for i in fresh], ts_now)
+        session = _bump(core, conn, session_pk, first_seq, [prepared[i] for i in fresh], ts_now)
     return _appended(core, conn, session, prepared, identities, fresh, known, after_identity)
 
 
-def _bump(conn: Connection, session_pk: int, expected_last: int, added: Sequence[PreparedMessage],
-          now: float) -> RowMapping:
+def _bump(core: StoreCore, conn: Connection, session_pk: int, expected_last: int,
+          added: Sequence[PreparedMessage], now: float) -> Mapping[str, Any]:
     """Claim seq numbers after ``expected_last`` for ``added`` and add their counts: the
     session row, now locked; StaleViewError when the session is no longer where expected."""
-    bumped = conn.execute(_BUMP_SESSION, _bump_params(session_pk, expected_last, added, now)).first()
+    bumped = core.backend.returning_row(conn, _BUMP_SESSION, _bump_params(session_pk, expected_last, added, now))
     if bumped is None:
         raise _stale(session_pk, expected_last)
-    return bumped._mapping
+    return bumped
 
 
 def _bump_params(session_pk: int, expected_last: int, added: Sequence[PreparedMessage], now: float) -> dict[str, Any]:
-    """The parameters of a session bump (``_BUMP_SESSION``, and the fused statement's UPDATE)."""
+    """The parameters of a session bump (``_BUMP_SESSION``, and the fused statement's UPDATE);
+    ``est_from``: the seq of the first added message whose count is an estimate (or None)."""
+    est_from = next((expected_last + 1 + i for i, p in enumerate(added) if not p.token_exact), None)
     return {"sid": session_pk, "expected": expected_last, "new_last": expected_last + len(added),
-            "n": len(added), "tok": sum(p.token_count for p in added), "now": now}
+            "n": len(added), "tok": sum(p.token_count for p in added), "now": now, "est_from": est_from}
 
 
 def _stale(session_pk: int, expected_last: int) -> StaleViewError:
@@ -207,7 +214,7 @@ def _appended(core: StoreCore, conn: Connection, session: Any, prepared: Sequenc
     )
 
 
-def _insert(core: StoreCore, conn: Connection, session: RowMapping, after_seq: int,
+def _insert(core: StoreCore, conn: Connection, session: Mapping[str, Any], after_seq: int,
             new: Sequence[tuple[str, PreparedMessage, float]]) -> dict[str, int]:
     """Insert (identity, prepared, time) rows with the seq numbers after ``after_seq``, their
     payloads stored once; store ids by identity. ConcurrentUpdateError (nothing written) when
@@ -297,7 +304,7 @@ class MessageRepository:
         core = self._core
         agent_pk = core.session_agent(session_pk)
         if (expect_last_seq is not None and agent_pk is not None and prepared and core.backend.fused_append
-                and all(p.payload is None for p in prepared)):
+                and all(p.payload is None and p.token_exact for p in prepared)):
             return _append_fused(core, session_pk, agent_pk, prepared, after_identity=after_identity,
                                  expect_last_seq=expect_last_seq, now=now, timestamps=timestamps)
         with core.write() as conn:
@@ -307,6 +314,64 @@ class MessageRepository:
                                  now=now, expect_last_seq=expect_last_seq, timestamps=timestamps)
         core.remember_session_agent(session_pk, result.session.agent_pk)
         return result
+
+    @property
+    def counts_later(self) -> bool:
+        """Whether a turn should store estimated token counts (the backend's
+        ``defer_token_counts``); :meth:`settle_tokens` counts them exactly when needed."""
+        return self._core.backend.defer_token_counts
+
+    def settle_tokens(self, session_pk: int, count: Callable[[str], int]) -> SettledTokens:
+        """Count exactly every message of the session (and of the sessions it forks from) whose
+        stored count is an estimate, before anything plans with the counts. ``count``: a
+        message's text to its tokens (``TokenCounter.count_message_text``, as at ingest). The
+        rows and the session's counters change in one write per session. Returns the exact
+        count of each message counted, by store id, and the session as it now is."""
+        exact: dict[int, int] = {}
+        after: SessionRecord | None = None
+        pk: int | None = session_pk
+        visited: set[int] = set()
+        while pk is not None and pk not in visited:
+            visited.add(pk)
+            with self._core.read() as conn:
+                row = conn.execute(select(sessions_t.c.estimated_from, sessions_t.c.parent_id).where(
+                    sessions_t.c.id == pk)).first()
+            if row is None:
+                break
+            if row.estimated_from is not None:
+                counted, settled = self._settle_session(pk, count)
+                exact.update(counted)
+                after = settled if pk == session_pk else after
+            pk = row.parent_id
+        return SettledTokens(exact, after)
+
+    def _settle_session(self, session_pk: int, count: Callable[[str], int]) -> tuple[dict[int, int], SessionRecord]:
+        exact: dict[int, int] = {}
+        with self._core.write() as conn:
+            session = self._core.lock_session(conn, session_pk)
+            start = session["estimated_from"]
+            if start is None:  # another process settled it meanwhile
+                return exact, self._core.session_of(conn, session_pk)
+            delta = covered_delta = 0
+            while start <= session["last_seq"]:
+                page = records(conn, conn.execute(message_select().where(
+                    messages_t.c.session_id == session_pk, messages_t.c.seq >= start,
+                    messages_t.c.seq < start + SETTLE_PAGE).order_by(messages_t.c.seq)).all())
+                changed = []
+                for rec in page:
+                    exact[rec.store_id] = tokens = count(message_text(rec.message))
+                    if tokens != rec.token_count:
+                        changed.append({"mid": rec.store_id, "tok": tokens})
+                        delta += tokens - rec.token_count
+                        covered_delta += tokens - rec.token_count if rec.seq <= session["covered_seq"] else 0
+                if changed:
+                    conn.execute(update(messages_t).where(messages_t.c.id == bindparam("mid")).values(
+                        token_count=bindparam("tok")), changed)
+                start += SETTLE_PAGE
+            conn.execute(update(sessions_t).where(sessions_t.c.id == session_pk).values(
+                token_count=sessions_t.c.token_count + delta,
+                covered_tokens=sessions_t.c.covered_tokens + covered_delta, estimated_from=None))
+            return exact, self._core.session_of(conn, session_pk)
 
     def get_range(self, session_pk: int, *, first_seq: int | None = None, last_seq: int | None = None,
                   limit: int | None = None) -> list[MessageRecord]:

@@ -29,7 +29,8 @@ from lcm.store import connection
 KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "0003_engine_state",
                                      "0004_message_identity_v2", "0005_writers_and_forks", "0006_system_prompts",
                                      "0007_stemmed_search", "0008_vectors",
-                                     "0009_session_origin", "0010_deferred_message_index")
+                                     "0009_session_origin", "0010_deferred_message_index",
+                                     "0011_deferred_token_counts")
 HEAD = KNOWN_REVISIONS[-1]
 VERSION_TABLE = "lcm_alembic_version"
 #: Key of the PostgreSQL advisory lock that serialises concurrent `lcm db upgrade` runs.

@@ -122,6 +122,10 @@ class Session(Base):
     skipped_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: JSON: where an imported session came from (``lcm import``); NULL when recorded live.
     origin: Mapped[str | None] = mapped_column(Text)
+    #: The first seq whose token count may be an estimate (NULL: every count is exact). A
+    #: backend with ``defer_token_counts`` (SQLite) stores a turn with estimated counts; the
+    #: engine counts them exactly before it plans, compacts or assembles (``settle_tokens``).
+    estimated_from: Mapped[int | None] = mapped_column(Integer)
 
 
 class SessionAlias(Base):

@@ -63,7 +63,7 @@ _SUMMARY_COLUMNS = ("depth", "content", "search_text", "token_count", "source_to
                     "created_at")
 _SESSION_STATE = ("platform", "conversation_id", "created_at", "updated_at", "last_seq", "message_count",
                   "token_count", "covered_seq", "covered_tokens", "host_view_seq", "last_compaction",
-                  "summary_count", "summary_tokens", "fork_seq", "skipped_count", "origin")
+                  "summary_count", "summary_tokens", "fork_seq", "skipped_count", "origin", "estimated_from")
 #: The tables a migration copies, in the order the report lists them.
 TABLES: tuple[Table, ...] = (agents_t, sessions_t, aliases_t, payloads_t, messages_t, system_prompts_t,
                              summaries_t, edges_t, carried_t, generated_t, vectors_t)

@@ -146,7 +146,10 @@ WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002
            "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006,
            "0007_stemmed_search": write_at_0006,  # 0007 added an index only: the same rows
            "0008_vectors": write_at_0006,  # 0008 added a table of derived data: the same rows
-           "0009_session_origin": write_at_0006}  # 0009 added a nullable column: the same rows
+           "0009_session_origin": write_at_0006,  # 0009 added a nullable column: the same rows
+           # At 0010 SQLite indexes messages in batches: rows written then are pending until the
+           # first search after the upgrade indexes them.
+           "0010_deferred_message_index": write_at_0006}
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -177,6 +180,8 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     assert first.match == "any" and first.role == "user" and "**deployment**" in first.snippet
     # 0009: a session recorded live has no origin.
     assert session.origin is None
+    # 0011: every count stored before is exact.
+    assert session.estimated_from is None
     # 0008: old rows have no vector yet; given one, they are found by it.
     stored = store.messages.get_range(session.id)
     pending = store.vectors.pending("test:old", kind="message", agent="old-agent")
@@ -213,10 +218,11 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     engine.dispose()
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
-    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors", "0009_session_origin")
+    kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors", "0009_session_origin",
+                                "0010_deferred_message_index")
     verify_old_data(store, prompts_kept=1 if kept_prompts else 0)
     if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search", "0008_vectors",
-                    "0009_session_origin"):
+                    "0009_session_origin", "0010_deferred_message_index"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
     if kept_prompts:
         assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST

@@ -45,6 +45,7 @@ from lcm.records import (
     SearchHit,
     SearchResult,
     SessionRecord,
+    SettledTokens,
     SummaryRecord,
     SystemPromptRecord,
     VectorCoverage,
@@ -388,6 +389,12 @@ class MemoryMessages(_Part):
         agent_pk = self._data.agent(agent, create=False)
         return {d: self._data.generated[(agent_pk, d)] for d in digests
                 if agent_pk is not None and (agent_pk, d) in self._data.generated}
+
+    #: Every turn is counted exactly here (like PostgreSQL), so nothing is ever settled later.
+    counts_later = False
+
+    def settle_tokens(self, session_pk: int, count: Any) -> SettledTokens:
+        return SettledTokens()
 
 
 class MemorySummaries(_Part):

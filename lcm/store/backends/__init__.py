@@ -19,9 +19,9 @@ integrity                   ``quick_check``, FTS5           catalog checks, vect
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.engine import URL
@@ -141,6 +141,12 @@ class Backend(ABC):
         conflict raises (the statement is atomic: nothing written either)."""
         raise NotImplementedError
 
+    def returning_row(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> Mapping[str, Any] | None:
+        """The one row an ``UPDATE ... RETURNING`` statement returns (None: no row matched). A
+        backend may run its hot statements closer to the driver (SQLite)."""
+        row = conn.execute(stmt, params).first()
+        return cast(Mapping[str, Any], row._mapping) if row is not None else None
+
     @abstractmethod
     def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                       conflict_columns: Sequence[str]) -> None:
@@ -163,6 +169,10 @@ class Backend(ABC):
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
         a word too common to decide anything on its own."""
 
+    #: Whether a turn stores estimated token counts, counted exactly when the engine first
+    #: needs them (``MessageRepository.settle_tokens``): where a later UPDATE of a row is cheap
+    #: (SQLite), not where it rewrites the row and every index entry (PostgreSQL).
+    defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 
 from lcm.config import sqlite_busy_timeout_ms
 from lcm.errors import first_line
@@ -45,10 +45,28 @@ _FTS = {"messages": "lcm_messages_fts", "summaries": "lcm_summaries_fts"}
 #: The stemmed twins (FTS5's porter tokenizer over the same content views; revision 0007).
 _STEMS = {"messages": "lcm_messages_stems", "summaries": "lcm_summaries_stems"}
 _BASE = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
-#: A write indexes the pending messages once this many are pending (see the module docstring):
-#: measured, FTS5 batches of this size cost about a third of indexing row by row.
-INDEX_BATCH = 256
+#: A write indexes the pending messages once this many are pending (see the module docstring).
+#: Measured per row (both message indexes, docs/benchmarks.md): a batch of 1024 costs about 0.7x
+#: a batch of 256 and a fraction of indexing row by row; a search that finds a full batch
+#: pending indexes it first (tens of milliseconds).
+INDEX_BATCH = 1024
 _MARK = "SELECT indexed_through FROM lcm_search_marks WHERE name = 'messages'"
+
+
+#: Bound variables one statement may hold (SQLITE_MAX_VARIABLE_NUMBER's default since 3.32).
+MAX_VARIABLES = 32766
+
+
+def _driver_execute(conn: Connection, sql: str, params: Sequence[Any]) -> Any:
+    """``sql`` on the driver's own connection, inside the transaction ``conn`` holds; a driver
+    error comes out as SQLAlchemy's (what the store's error handling catches)."""
+    import sqlite3
+
+    driver: Any = conn.connection.driver_connection
+    try:
+        return driver.execute(sql, params)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
 
 
 def _mode(path: Path) -> str:
@@ -84,6 +102,8 @@ class SQLiteBackend(Backend):
         super().__init__()
         #: How long a write waits for another connection's write lock (LCM_SQLITE_BUSY_TIMEOUT_MS).
         self.busy_timeout_ms = sqlite_busy_timeout_ms()
+        #: The message index's watermark as this process last read it (a lower bound).
+        self._mark_seen = 0
 
     def engine_options(self, url: URL) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000.0, "check_same_thread": False}}
@@ -176,17 +196,63 @@ class SQLiteBackend(Backend):
             return []
         # FTS5 indexes rows from their own columns (triggers for summaries, catch_up_index for
         # messages); `index` is not needed here.
-        key = (table.name, tuple(returning))
-        stmt = self._inserts.get(key)
-        if stmt is None:  # built once: constructing the expression costs more than running it
-            stmt = self._inserts[key] = (
-                sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
-        inserted = [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
+        if table.name == "lcm_messages":
+            inserted = self._insert_messages(conn, rows, returning)
+        else:
+            key = (table.name, tuple(returning))
+            stmt = self._inserts.get(key)
+            if stmt is None:  # built once: constructing the expression costs more than running it
+                stmt = self._inserts[key] = (
+                    sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
+            inserted = [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
         if table.name == "lcm_messages" and inserted and "id" in returning:
             newest = max(int(r[list(returning).index("id")]) for r in inserted)
-            if newest - int(conn.exec_driver_sql(_MARK).scalar_one()) >= INDEX_BATCH:
-                self.catch_up_index(conn)
+            # The watermark is read only when the one last seen says a batch may be due (it
+            # only ever rises, so what this process saw is a lower bound): no query per turn.
+            if newest - self._mark_seen >= INDEX_BATCH:
+                self._mark_seen = int(conn.exec_driver_sql(_MARK).scalar_one())
+                if newest - self._mark_seen >= INDEX_BATCH:
+                    self.catch_up_index(conn)
         return inserted
+
+    def _insert_messages(self, conn: Connection, rows: Sequence[dict[str, Any]],
+                         returning: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Messages, the hot insert of every turn: one multi-row ``INSERT ... ON CONFLICT DO
+        NOTHING RETURNING`` on the driver's connection, inside the write transaction the
+        store began. SQLAlchemy's per-statement work cost more than SQLite's own for a turn's
+        few rows (measured, docs/benchmarks.md); the values are plain Python scalars, so
+        nothing of SQLAlchemy's type processing is skipped."""
+        columns = tuple(rows[0])
+        out: list[tuple[Any, ...]] = []
+        per_statement = max(1, MAX_VARIABLES // len(columns))
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start:start + per_statement]
+            key = ("lcm_messages", columns, tuple(returning), len(chunk))
+            sql = self._inserts.get(key)
+            if sql is None:
+                one = "(" + ", ".join("?" * len(columns)) + ")"
+                sql = self._inserts[key] = (
+                    f"INSERT INTO lcm_messages ({', '.join(columns)}) VALUES {', '.join([one] * len(chunk))} "
+                    f"ON CONFLICT DO NOTHING RETURNING {', '.join(returning)}")
+            params = [row[name] for row in chunk for name in columns]
+            out.extend(tuple(r) for r in _driver_execute(conn, sql, params).fetchall())
+        return out
+
+    def returning_row(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> Mapping[str, Any] | None:
+        """The statement compiled once for SQLite and run on the driver's connection (the
+        session bump of every turn; see ``_insert_messages``)."""
+        compiled = self._inserts.get(stmt)
+        if compiled is None:
+            done = stmt.compile(dialect=conn.dialect)
+            compiled = self._inserts[stmt] = (str(done), tuple(done.positiontup or ()))
+        sql, order = compiled
+        cursor = _driver_execute(conn, sql, [params[name] for name in order])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        names = [d[0] for d in cursor.description]
+        cursor.fetchall()  # finish the statement
+        return dict(zip(names, row, strict=True))
 
     def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                       conflict_columns: Sequence[str]) -> None:
@@ -287,6 +353,7 @@ class SQLiteBackend(Backend):
     # -- the message index's backlog ------------------------------------------------------
 
     indexes_in_batches = True
+    defer_token_counts = True
 
     def pending_index(self, conn: Connection) -> int:
         return int(conn.exec_driver_sql(
@@ -297,6 +364,7 @@ class SQLiteBackend(Backend):
         watermark moves to the newest of them (revision 0010)."""
         mark = int(conn.exec_driver_sql(_MARK).scalar_one())
         newest = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM lcm_messages").scalar_one())
+        self._mark_seen = max(mark, newest)  # a rolled-back write leaves it higher: read again then
         if newest <= mark:
             return 0
         for fts in (_FTS["messages"], _STEMS["messages"]):
