@@ -41,6 +41,11 @@ from lcm.redact import Redactor
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
 
+#: How far below every compaction cause lcm's estimate of a turn must be for its exact token
+#: counts to wait (``_counts_can_wait``): characters / 4 undercounts code and JSON by about a
+#: quarter; the host's own measure of its context, required too, is exact.
+ESTIMATE_MARGIN = 1.5
+
 log = logging.getLogger("lcm")
 
 DEFAULT_SESSION_KEY = "default"
@@ -540,8 +545,10 @@ class ContextSession:
                 "host re-sending its history): its context is left as it is"), "passes": 0,
                 "at": time.time()})
             return messages
-        seen = self._settled(seen)
         sys_tokens, host_size = self._measure(messages, seen, current_tokens)
+        if not self._counts_can_wait(messages, seen, sys_tokens, host_size, current_tokens, force):
+            seen = self._settled(seen)
+            sys_tokens, host_size = self._measure(messages, seen, current_tokens)
         done = self._burst(seen.session, context_estimate(self.overhead, sys_tokens), host_size,
                            force=force, focus=focus)
         outcome = done.outcome
@@ -590,6 +597,19 @@ class ContextSession:
         if settled.counts:
             self.ingestor.recount(session_pk, settled.counts)
         return settled
+
+    def _counts_can_wait(self, messages: Sequence[Any], seen: IngestResult, sys_tokens: int, host_size: int,
+                         current_tokens: int | None, force: bool) -> bool:
+        """Whether this turn may keep estimated token counts: it will neither compact nor
+        assemble. That needs the host's own measure of its context (exact, whatever lcm's
+        counts), a host holding what lcm handed it plus new messages (so nothing is assembled),
+        and every compaction cause out of reach by ``ESTIMATE_MARGIN``, so an estimate that
+        undercounts dense text (code, JSON) cannot hide a compaction that is due. Otherwise the
+        counts are made exact first, as they always were."""
+        if force or not (current_tokens or self.usage.prompt_tokens > 0) or not self._extends_handed(messages):
+            return False
+        estimate = context_estimate(self.overhead, sys_tokens)(seen.session)
+        return self.compaction_cause(int(max(host_size, estimate) * ESTIMATE_MARGIN)) is None
 
     def _settled(self, seen: IngestResult) -> IngestResult:
         """``seen`` with exact token counts (and the session's counters as they now are)."""

@@ -114,3 +114,26 @@ def test_the_engine_plans_with_exact_counts(sqlite_url, turns):
     rows = store.messages.get_range(session.id)
     assert all(m.token_count == COUNTER.count_message_text(m.message["content"]) for m in rows)
     check_counters(store)
+
+
+def test_a_turn_far_from_any_compaction_keeps_its_estimates(sqlite_url):
+    """compress() with the host's own size far below every trigger, and nothing to assemble,
+    counts nothing; once the host's size nears the trigger, the counts are made exact first."""
+    config = LcmConfig.from_env({}, database_url=sqlite_url, agent_id="a", summarizer="extractive",
+                                fresh_tail_count=4)
+    engine = LcmEngine(config)
+    engine.update_model("m", 100_000)
+    engine.on_session_start("s")
+    held: list[dict] = [{"role": "system", "content": "You are terse."},
+                        {"role": "user", "content": "first question"}]
+    held = engine.compress(held, current_tokens=500)  # hands the context over: counted exactly
+    store = engine.store
+    assert store.sessions.get(engine.session.id).estimated_from is None
+    held = held + [{"role": "assistant", "content": "an answer " * 20}, {"role": "user", "content": "more"}]
+    engine.on_turn_complete(held)
+    assert engine.compress(held, current_tokens=900) is held  # far below the trigger: nothing to do
+    assert store.sessions.get(engine.session.id).estimated_from is not None  # nothing counted
+    engine.compress(held, current_tokens=95_000)  # past the trigger: exact counts first
+    session = store.sessions.get(engine.session.id)
+    assert session.estimated_from is None
+    check_counters(store)
