@@ -140,10 +140,14 @@ def _encoder_for(encoding_name: str) -> tuple[Callable[[str], int], str]:
             break
         if result is None:
             log.warning("no tiktoken encoding could be loaded; estimating tokens from characters")
-            result = (lambda text: (len(text) + CHARS_PER_TOKEN_ESTIMATE - 1) // CHARS_PER_TOKEN_ESTIMATE,
-                      "estimate:chars/4")
+            result = (estimate_tokens, "estimate:chars/4")
         _encoders[encoding_name] = result
         return result
+
+
+def estimate_tokens(text: str) -> int:
+    """Characters / 4, rounded up: lcm's estimate where no exact count is made."""
+    return (len(text) + CHARS_PER_TOKEN_ESTIMATE - 1) // CHARS_PER_TOKEN_ESTIMATE
 
 
 def encoding_name_for_model(model: str | None) -> str:
@@ -208,4 +212,4 @@ class EstimatedTokens(TokenCounter):
         return "estimate:chars/4"
 
     def count_text(self, text: str) -> int:
-        return (len(text) + CHARS_PER_TOKEN_ESTIMATE - 1) // CHARS_PER_TOKEN_ESTIMATE if text else 0
+        return estimate_tokens(text)

@@ -75,6 +75,11 @@ WINDOW_SLACK = 256
 MAX_FOLLOW = 32
 
 
+def with_exact_counts(store_ids: Sequence[int], token_counts: Sequence[int], exact: Mapping[int, int]) -> list[int]:
+    """Per message (by store id), its exact count where ``exact`` has one, else as it was."""
+    return [exact.get(sid, tokens) for sid, tokens in zip(store_ids, token_counts, strict=True)]
+
+
 @dataclass
 class IngestResult:
     """What one ingest call saw and did."""
@@ -186,8 +191,7 @@ class Ingestor:
         with self._lock:
             seen = self._cache.get(session_pk)
             if seen is not None and exact:
-                seen.token_counts = [exact.get(sid, tok) for sid, tok in zip(seen.store_ids, seen.token_counts,
-                                                                               strict=True)]
+                seen.token_counts = with_exact_counts(seen.store_ids, seen.token_counts, exact)
 
     def forget(self, session_pk: int | None = None) -> None:
         with self._lock:

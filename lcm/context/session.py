@@ -29,7 +29,7 @@ from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_con
 from lcm.context.compactor import CompactionResult, Compactor
 from lcm.context.embed import BackgroundIndexer, Embedder, embedder_for
 from lcm.context.filters import Filters, Rule
-from lcm.context.ingest import Ingestor, IngestResult, message_key
+from lcm.context.ingest import Ingestor, IngestResult, message_key, with_exact_counts
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
 from lcm.context.summarize import HostRoute, Summarizer
@@ -619,9 +619,8 @@ class ContextSession:
         if settled.session is None:
             return seen
         self.current = settled.session
-        exact = settled.counts
-        return replace(seen, session=settled.session, token_counts=[
-            exact.get(sid, tokens) for sid, tokens in zip(seen.store_ids, seen.token_counts, strict=True)])
+        return replace(seen, session=settled.session,
+                       token_counts=with_exact_counts(seen.store_ids, seen.token_counts, settled.counts))
 
     def _burst(self, session: SessionRecord, estimate: Callable[[SessionRecord], int], host_size: int, *,
                force: bool, focus: str | None) -> CompactionResult:

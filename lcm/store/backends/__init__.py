@@ -181,11 +181,10 @@ class Backend(ABC):
         as on PostgreSQL). See :meth:`catch_up_index`."""
         return 0
 
-    def catch_up_index(self, conn: Connection) -> int:
-        """Index every pending message, inside the caller's write transaction; how many were
-        indexed. The store runs it before any search, so a search never misses a stored
-        message (SQLite indexes messages in batches, revision 0010)."""
-        return 0
+    def catch_up_index(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Index every pending message, inside the caller's write transaction. The store runs
+        it before any search, so a search never misses a stored message (SQLite indexes
+        messages in batches, revision 0010)."""
 
     @abstractmethod
     def check_database(self, conn: Connection) -> list[CheckResult]:

@@ -198,22 +198,24 @@ class SQLiteBackend(Backend):
         # messages); `index` is not needed here.
         if table.name == "lcm_messages":
             inserted = self._insert_messages(conn, rows, returning)
-        else:
-            key = (table.name, tuple(returning))
-            stmt = self._inserts.get(key)
-            if stmt is None:  # built once: constructing the expression costs more than running it
-                stmt = self._inserts[key] = (
-                    sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
-            inserted = [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
-        if table.name == "lcm_messages" and inserted and "id" in returning:
-            newest = max(int(r[list(returning).index("id")]) for r in inserted)
-            # The watermark is read only when the one last seen says a batch may be due (it
-            # only ever rises, so what this process saw is a lower bound): no query per turn.
+            if inserted and "id" in returning:
+                self._index_if_due(conn, max(int(r[list(returning).index("id")]) for r in inserted))
+            return inserted
+        key = (table.name, tuple(returning))
+        stmt = self._inserts.get(key)
+        if stmt is None:  # built once: constructing the expression costs more than running it
+            stmt = self._inserts[key] = (
+                sqlite_insert(table).on_conflict_do_nothing().returning(*(table.c[name] for name in returning)))
+        return [tuple(r) for r in conn.execute(stmt, list(rows)).all()]
+
+    def _index_if_due(self, conn: Connection, newest: int) -> None:
+        """Index the pending messages once a batch is due. The watermark is read only when the
+        one last seen says a batch may be due (it only ever rises, so what this process saw is a
+        lower bound): no query per turn."""
+        if newest - self._mark_seen >= INDEX_BATCH:
+            self._mark_seen = int(conn.exec_driver_sql(_MARK).scalar_one())
             if newest - self._mark_seen >= INDEX_BATCH:
-                self._mark_seen = int(conn.exec_driver_sql(_MARK).scalar_one())
-                if newest - self._mark_seen >= INDEX_BATCH:
-                    self.catch_up_index(conn)
-        return inserted
+                self.catch_up_index(conn)
 
     def _insert_messages(self, conn: Connection, rows: Sequence[dict[str, Any]],
                          returning: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -359,22 +361,20 @@ class SQLiteBackend(Backend):
         return int(conn.exec_driver_sql(
             f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK})").scalar_one())
 
-    def catch_up_index(self, conn: Connection) -> int:
+    def catch_up_index(self, conn: Connection) -> None:
         """Both message indexes take the rows above the watermark, in id order, and the
         watermark moves to the newest of them (revision 0010)."""
         mark = int(conn.exec_driver_sql(_MARK).scalar_one())
         newest = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM lcm_messages").scalar_one())
         self._mark_seen = max(mark, newest)  # a rolled-back write leaves it higher: read again then
         if newest <= mark:
-            return 0
+            return
         for fts in (_FTS["messages"], _STEMS["messages"]):
             conn.execute(text(f"INSERT INTO {fts}(rowid, body, scope) SELECT id, body, scope "
                               "FROM lcm_messages_fts_src WHERE id > :mark AND id <= :newest ORDER BY id"),
                          {"mark": mark, "newest": newest})
         conn.execute(text("UPDATE lcm_search_marks SET indexed_through = :newest WHERE name = 'messages'"),
                      {"newest": newest})
-        return int(conn.execute(text("SELECT count(*) FROM lcm_messages WHERE id > :mark AND id <= :newest"),
-                                {"mark": mark, "newest": newest}).scalar_one())
 
     # -- integrity -----------------------------------------------------------------------
 
