@@ -253,6 +253,12 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "lcm"
 
 
+def background_catch_up_enabled() -> bool:
+    """``LCM_BACKGROUND_CATCH_UP=0`` keeps derived search data (PostgreSQL's stemmed vectors)
+    off the background thread: each search then catches up what waits before it runs."""
+    return os.environ.get("LCM_BACKGROUND_CATCH_UP", "1").strip() != "0"
+
+
 def tokenizer_cache_enabled() -> bool:
     """``LCM_TOKENIZER_CACHE=0`` turns the parsed-tokenizer cache off."""
     return os.environ.get("LCM_TOKENIZER_CACHE", "1").strip() != "0"

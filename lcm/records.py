@@ -231,8 +231,9 @@ class SearchResult:
     #: relevance order or a filtered result covers only the newest candidates.
     candidates_clamped: bool = False
     notes: tuple[str, ...] = field(default=())
-    #: Newest messages stored but not yet indexed, so not searched (SQLite's batched index on
-    #: a store that may not write it, e.g. ``lcm ui``); 0 normally.
+    #: Newest messages stored but not yet caught up by the index, on a store that could not
+    #: catch them up (read-only, e.g. ``lcm ui``): SQLite did not search them, PostgreSQL only
+    #: by their exact words (not stemmed yet); 0 normally.
     unindexed: int = 0
 
 

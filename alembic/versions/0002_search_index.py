@@ -109,7 +109,7 @@ def upgrade() -> None:
     op.execute("ALTER TABLE lcm_messages ADD COLUMN IF NOT EXISTS search_vector tsvector")
     op.execute("ALTER TABLE lcm_summaries ADD COLUMN IF NOT EXISTS search_vector tsvector")
     # Index rows written before this revision (the same code as `lcm doctor`'s repair).
-    PostgresBackend().rebuild_search_index(bind)
+    PostgresBackend().rebuild_exact_vectors(bind)
     # Built without blocking writers on a big existing table (needs its own transaction).
     # The (agent_id, id) indexes let a search walk one agent's newest rows among many agents'.
     with op.get_context().autocommit_block():

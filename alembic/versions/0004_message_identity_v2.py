@@ -31,7 +31,7 @@ def upgrade() -> None:
     from lcm.store.upgrades import recompute_message_identities
 
     bind = op.get_bind()
-    reindex = PostgresBackend().reindex_messages if bind.dialect.name == "postgresql" else None
+    reindex = PostgresBackend().rewrite_exact_vectors if bind.dialect.name == "postgresql" else None
     recompute_message_identities(bind, reindex=reindex)
 
 

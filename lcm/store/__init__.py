@@ -28,6 +28,7 @@ from lcm.errors import SchemaMismatchError
 from lcm.store import connection, migrations
 from lcm.store._core import StoreCore
 from lcm.store.backends import Backend
+from lcm.store.catchup import BackgroundCatchUp
 from lcm.store.forget import ForgetRepository
 from lcm.store.health import HealthRepository
 from lcm.store.messages import MessageRepository
@@ -98,6 +99,11 @@ class Store:
     @property
     def backend(self) -> Backend:
         return self._core.backend
+
+    @property
+    def background(self) -> BackgroundCatchUp | None:
+        """The thread that catches up derived search data after writes (PostgreSQL), if any."""
+        return self._core.background
 
     @property
     def backend_name(self) -> str:

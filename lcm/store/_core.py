@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, RowMapping, Select, Table, select
+from sqlalchemy import Connection, Engine, RowMapping, Select, Table, event, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from lcm import codec
-from lcm.config import in_range
+from lcm.config import background_catch_up_enabled, in_range
 from lcm.errors import AccessDeniedError, DatabaseUnavailableError, NotFoundError, first_line
 from lcm.records import SessionRecord, SummaryRecord
 from lcm.store import connection, migrations
 from lcm.store.backends import Backend, backend_for_url
+from lcm.store.catchup import BackgroundCatchUp
 from lcm.store.schema import (
     Agent,
     CarriedSummary,
@@ -155,6 +156,13 @@ class StoreCore:
         #: Set by ``Store.open(read_only=True)`` (``lcm ui``): lcm writes nothing, not even
         #: derived data such as the search index's backlog.
         self.read_only = False
+        #: Catches up derived search data after writes where the backend leaves it for later
+        #: and another connection can do it (PostgreSQL's stemmed vectors); None elsewhere.
+        self.background: BackgroundCatchUp | None = (
+            BackgroundCatchUp(self.catch_up_index)
+            if self.backend.index_in_background and background_catch_up_enabled() else None)
+        if self.background is not None:
+            event.listen(engine, "engine_disposed", self._engine_disposed)
 
     @property
     def location(self) -> str:
@@ -220,6 +228,15 @@ class StoreCore:
         with self._failures("write to"), self.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
             yield conn
+
+    def _engine_disposed(self, _engine: Engine) -> None:
+        if self.background is not None:
+            self.background.drop_waiting()
+
+    def wrote_messages(self, count: int) -> None:
+        """``count`` messages were stored: the background catch-up may have work."""
+        if self.background is not None and not self.read_only:
+            self.background.added(count)
 
     def catch_up_index(self) -> int:
         """Before a search: index the messages the backend left pending (SQLite indexes them

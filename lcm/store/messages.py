@@ -305,14 +305,16 @@ class MessageRepository:
         agent_pk = core.session_agent(session_pk)
         if (expect_last_seq is not None and agent_pk is not None and prepared and core.backend.fused_append
                 and all(p.payload is None and p.token_exact for p in prepared)):
-            return _append_fused(core, session_pk, agent_pk, prepared, after_identity=after_identity,
-                                 expect_last_seq=expect_last_seq, now=now, timestamps=timestamps)
-        with core.write() as conn:
-            if expect_last_seq is None:
-                core.lock_session(conn, session_pk)
-            result = append_rows(core, conn, session_pk, prepared, after_identity=after_identity,
-                                 now=now, expect_last_seq=expect_last_seq, timestamps=timestamps)
-        core.remember_session_agent(session_pk, result.session.agent_pk)
+            result = _append_fused(core, session_pk, agent_pk, prepared, after_identity=after_identity,
+                                   expect_last_seq=expect_last_seq, now=now, timestamps=timestamps)
+        else:
+            with core.write() as conn:
+                if expect_last_seq is None:
+                    core.lock_session(conn, session_pk)
+                result = append_rows(core, conn, session_pk, prepared, after_identity=after_identity,
+                                     now=now, expect_last_seq=expect_last_seq, timestamps=timestamps)
+            core.remember_session_agent(session_pk, result.session.agent_pk)
+        core.wrote_messages(sum(result.new_flags))
         return result
 
     @property

@@ -59,6 +59,9 @@ DIALECT_ONLY_OBJECTS = frozenset(
         "search_stems",
         "ix_lcm_messages_search_stems",
         "ix_lcm_summaries_search_stems",
+        "lcm_message_stems",
+        "stemmed_seq",
+        "ix_lcm_sessions_unstemmed",
     }
 )
 

@@ -165,9 +165,7 @@ class SearchRepository:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
         unindexed = self._core.catch_up_index()
-        notes = (f"the newest {unindexed} message{'s' if unindexed != 1 else ''} stored since the index "
-                 "last caught up were not searched (this store is read-only; the next search that may "
-                 "write indexes them)",) if unindexed else ()
+        notes = (self._core.backend.unindexed_note(unindexed),) if unindexed else ()
         with self._core.read() as conn:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None:

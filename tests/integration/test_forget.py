@@ -78,8 +78,8 @@ def raw_traces(store: Store) -> dict[str, int]:
                 out[table] = conn.execute(text(f"SELECT count(*) FROM temp.v_{table} WHERE term LIKE :w"),
                                           {"w": f"{WORD[:8]}%"}).scalar()
         else:
-            out["search_vector"] = q("SELECT count(*) FROM lcm_messages WHERE search_vector::text LIKE :w "
-                                     "OR search_stems::text LIKE :w")
+            out["search_vector"] = q("SELECT count(*) FROM lcm_messages WHERE search_vector::text LIKE :w")
+            out["message_stems"] = q("SELECT count(*) FROM lcm_message_stems WHERE search_stems::text LIKE :w")
             out["summary_vectors"] = q("SELECT count(*) FROM lcm_summaries WHERE search_vector::text LIKE :w "
                                        "OR search_stems::text LIKE :w")
     return out

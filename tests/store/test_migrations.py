@@ -98,7 +98,7 @@ def write_at_0002(conn) -> None:
     if conn.dialect.name == "postgresql":
         from lcm.store.backends.postgres import PostgresBackend
 
-        PostgresBackend().rebuild_search_index(conn)
+        PostgresBackend().rebuild_exact_vectors(conn)
 
 
 def write_at_0003(conn) -> None:
@@ -116,7 +116,7 @@ def write_at_0004(conn) -> None:
     if conn.dialect.name == "postgresql":
         from lcm.store.backends.postgres import PostgresBackend
 
-        reindex = PostgresBackend().reindex_messages
+        reindex = PostgresBackend().rewrite_exact_vectors
     recompute_message_identities(conn, reindex=reindex)
 
 
@@ -149,7 +149,10 @@ WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002
            "0009_session_origin": write_at_0006,  # 0009 added a nullable column: the same rows
            # At 0010 SQLite indexes messages in batches: rows written then are pending until the
            # first search after the upgrade indexes them.
-           "0010_deferred_message_index": write_at_0006}
+           "0010_deferred_message_index": write_at_0006,
+           # At 0011 every count stored is exact again or marked; on PostgreSQL 0012 moves the
+           # stemmed vectors written then to their side table.
+           "0011_deferred_token_counts": write_at_0006}
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -219,10 +222,10 @@ def test_data_written_at_an_old_revision_survives_upgrade(db_url, revision):
     migrations.upgrade(url, "head")
     store = Store.open(db_url)
     kept_prompts = revision in ("0006_system_prompts", "0007_stemmed_search", "0008_vectors", "0009_session_origin",
-                                "0010_deferred_message_index")
+                                "0010_deferred_message_index", "0011_deferred_token_counts")
     verify_old_data(store, prompts_kept=1 if kept_prompts else 0)
     if revision in ("0005_writers_and_forks", "0006_system_prompts", "0007_stemmed_search", "0008_vectors",
-                    "0009_session_origin", "0010_deferred_message_index"):
+                    "0009_session_origin", "0010_deferred_message_index", "0011_deferred_token_counts"):
         assert store.messages.generated("old-agent", [GENERATED_DIGEST]) == {GENERATED_DIGEST: None}
     if kept_prompts:
         assert store.sessions.system_prompts(1)[0].digest == OLD_PROMPT_DIGEST

@@ -175,6 +175,15 @@ class Backend(ABC):
     defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
+    #: Whether a background thread should run :meth:`catch_up_index` after writes
+    #: (``lcm.store.catchup``): where a catch-up on another connection runs beside the
+    #: writes (PostgreSQL), not where it would wait for the writer's lock (SQLite).
+    index_in_background: bool = False
+
+    def unindexed_note(self, count: int) -> str:
+        """What a search that could not catch up tells its reader about ``count`` messages."""
+        return (f"the newest {count} message{'s' if count != 1 else ''} stored since the index last caught "
+                "up were not searched (this store is read-only; the next search that may write indexes them)")
 
     def pending_index(self, conn: Connection) -> int:
         """Messages stored but not yet in the search index (0 where the insert indexes them,

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 
 #: Tables with an agent_id column: visible when it is the current agent's.
-AGENT_TABLES = ("lcm_sessions", "lcm_session_aliases", "lcm_generated", "lcm_messages", "lcm_summaries",
-                "lcm_vectors")
+AGENT_TABLES = ("lcm_sessions", "lcm_session_aliases", "lcm_generated", "lcm_messages", "lcm_message_stems",
+                "lcm_summaries", "lcm_vectors")
 #: Tables hanging off a visible parent: (table, condition on the parent).
 CHILD_TABLES = (
     ("lcm_system_prompts", "EXISTS (SELECT 1 FROM lcm_sessions s WHERE s.id = lcm_system_prompts.session_id)"),
