@@ -272,7 +272,7 @@ def _append_fused(core: StoreCore, session_pk: int, agent_pk: int, prepared: Seq
             raise ConcurrentUpdateError(CONCURRENT_INSERT) from exc
         if fused is None:
             raise _stale(session_pk, expect_last_seq)
-        session = fused._mapping
+        session = fused
         known = dict(zip(session["lcm_new_identities"], session["lcm_new_ids"], strict=True))
         return _appended(core, conn, session, prepared, identities, fresh, known, after_identity)
 

@@ -133,7 +133,7 @@ class Backend(ABC):
     fused_append: bool = False
 
     def append_fused(self, conn: Connection, bump: dict[str, Any], table: Table,
-                     rows: Sequence[dict[str, Any]], index: Sequence[IndexRow]) -> Any | None:
+                     rows: Sequence[dict[str, Any]], index: Sequence[IndexRow]) -> Mapping[str, Any] | None:
         """One statement: ``UPDATE`` the session (``bump``: sid, expected, new_last, n, tok, now)
         where its last seq is still ``expected``, and only then insert ``rows`` (session and
         agent ids come from the updated row). The session row with ``lcm_new_ids`` and
