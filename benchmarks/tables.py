@@ -38,10 +38,10 @@ def ingest(results: list[dict[str, Any]]) -> list[TableSpec]:
     gap = TableSpec("ingest: where the per-turn gap to the raw driver goes (ratio to raw turns/s, same run)",
                     ["backend", "lcm", "tokenizer excluded", "index upkeep excluded", "both excluded"],
                     notes=["each pass on a fresh database; lcm's rate includes indexing what is still pending "
-                           "at the end (SQLite indexes messages in batches); 'index upkeep excluded' takes the "
-                           "search indexes' work out (SQLite: the batched FTS5 catch-up never runs; PostgreSQL: "
-                           "the stemmed column and both GIN indexes dropped); measurement only, lcm never runs "
-                           "that way"])
+                           "at the end (SQLite indexes messages in batches, PostgreSQL stems them after the "
+                           "turn); 'index upkeep excluded' takes the search indexes' work out (SQLite: the "
+                           "batched FTS5 catch-up never runs; PostgreSQL: the stemmed catch-up never runs and "
+                           "the exact GIN index is dropped); measurement only, lcm never runs that way"])
     for r in results:
         t, b = r["per_turn"], r["bulk"]
         spec.rows.append([r["backend"], f(t["lcm_turns_per_s"], 0), f(t["raw_turns_per_s"], 0), f"{t['ratio']:.0%}",

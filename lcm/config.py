@@ -214,6 +214,8 @@ PROCESS_VARIABLES: dict[str, str] = {
     "LCM_TOKENIZER_CACHE": "0 turns the parsed-tokenizer cache off",
     "LCM_TIKTOKEN_DOWNLOAD": "1 lets tiktoken download a model's encoding",
     "LCM_SQLITE_BUSY_TIMEOUT_MS": "how long a SQLite write waits for another writer's lock",
+    "LCM_BACKGROUND_CATCH_UP": "0: PostgreSQL stems stored messages only when a search needs them, not on the "
+                               "store's background thread",
     "LCM_PG_STATEMENT_TIMEOUT_MS": "PostgreSQL statement_timeout of lcm's connections (default 60000; 0: none)",
     "LCM_PG_LOCK_TIMEOUT_MS": "PostgreSQL lock_timeout of lcm's connections (default 15000; 0: none)",
     "LCM_MIGRATION_LOCK_TIMEOUT_MS": "how long one DDL statement of `lcm db upgrade` waits for a lock on PostgreSQL before the run backs off and retries (default 2000)",

@@ -29,6 +29,8 @@ Create Date: 2026-11-27
 """
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from alembic import op
 
 revision = "0012_stems_off_the_turn"
@@ -50,15 +52,23 @@ def upgrade() -> None:
             message_id bigint NOT NULL,
             agent_id bigint NOT NULL,
             search_stems tsvector NOT NULL,
-            CONSTRAINT pk_lcm_message_stems PRIMARY KEY (message_id),
-            CONSTRAINT fk_lcm_message_stems_message_id_lcm_messages FOREIGN KEY (message_id)
-                REFERENCES lcm_messages (id) ON DELETE CASCADE
+            CONSTRAINT pk_lcm_message_stems PRIMARY KEY (message_id)
         )""")
-    op.execute("INSERT INTO lcm_message_stems (message_id, agent_id, search_stems) "
-               "SELECT id, agent_id, search_stems FROM lcm_messages WHERE search_stems IS NOT NULL")
+    # One statement, one snapshot: the vectors copied are exactly those of the messages up to
+    # each session's last_seq as read here (a session's messages commit with its counters).
+    # Agents may keep writing meanwhile; what they add lies above these watermarks and is
+    # stemmed by the first catch-up after the upgrade.
+    marks = op.get_bind().exec_driver_sql(
+        "WITH copied AS (INSERT INTO lcm_message_stems (message_id, agent_id, search_stems) "
+        "SELECT id, agent_id, search_stems FROM lcm_messages WHERE search_stems IS NOT NULL) "
+        "SELECT id, last_seq FROM lcm_sessions").all()
     op.execute("CREATE INDEX ix_lcm_message_stems_search_stems ON lcm_message_stems USING gin (search_stems)")
     op.execute("ALTER TABLE lcm_sessions ADD COLUMN stemmed_seq integer NOT NULL DEFAULT 0")
-    op.execute("UPDATE lcm_sessions SET stemmed_seq = last_seq")
+    if marks:
+        op.get_bind().execute(sa.text(
+            "UPDATE lcm_sessions s SET stemmed_seq = least(m.through, s.last_seq) "
+            "FROM unnest(CAST(:ids AS bigint[]), CAST(:through AS int[])) AS m(id, through) WHERE s.id = m.id"),
+            {"ids": [r[0] for r in marks], "through": [r[1] for r in marks]})
     op.execute("CREATE INDEX ix_lcm_sessions_unstemmed ON lcm_sessions (agent_id, id) "
                "WHERE last_seq > stemmed_seq")
     op.execute("""
@@ -72,9 +82,20 @@ def upgrade() -> None:
         END $$""")
     op.execute("CREATE TRIGGER lcm_sessions_lower_stemmed_seq BEFORE UPDATE OF last_seq ON lcm_sessions "
                "FOR EACH ROW WHEN (NEW.last_seq < OLD.last_seq) EXECUTE FUNCTION lcm_lower_stemmed_seq()")
+    # Locks on the agents' tables come last and in the order an agent's append takes them
+    # (the session, then its messages), so an append waits briefly and never deadlocks; a
+    # foreign key to lcm_messages locks it against writes, so it is added last, unchecked,
+    # and checked after the commit without blocking anyone.
+    op.execute("ALTER TABLE lcm_message_stems ADD CONSTRAINT fk_lcm_message_stems_message_id_lcm_messages "
+               "FOREIGN KEY (message_id) REFERENCES lcm_messages (id) ON DELETE CASCADE NOT VALID")
     op.execute("DROP INDEX IF EXISTS ix_lcm_messages_search_stems")
     op.execute("ALTER TABLE lcm_messages DROP COLUMN IF EXISTS search_stems")
     _secure_like_messages()
+    with op.get_context().autocommit_block():
+        # A message deleted after the copy and before the key existed left its vector behind.
+        op.execute("DELETE FROM lcm_message_stems st WHERE NOT EXISTS "
+                   "(SELECT 1 FROM lcm_messages m WHERE m.id = st.message_id)")
+        op.execute("ALTER TABLE lcm_message_stems VALIDATE CONSTRAINT fk_lcm_message_stems_message_id_lcm_messages")
 
 
 def _secure_like_messages() -> None:

@@ -124,6 +124,13 @@ def test_an_upgrade_under_a_running_agent_keeps_it_writing(pg_url, monkeypatch, 
     assert [r.seq for r in stored] == list(range(1, agent.seq + 1))
     append_messages(store, session.id, [{"role": "user", "content": "written by this lcm after the upgrade"}])
     assert store.messages.get_range(session.id, limit=100_000)[-1].message["content"].startswith("written by")
+    # 0012 moved the stemmed vectors while the agent wrote: every message has one (the doctor
+    # finds none missing below the watermark), and the live writes are found by another form.
+    # (This stand-in for the old agent writes no exact vector: the doctor says so, rightly.)
+    checks = {c.name: c for c in store.health.checks(deep=True)}
+    assert "stemmed" not in checks["search_index_messages"].detail, checks["search_index_messages"]
+    hits = store.search.messages(f"writes {agent.seq}", agent="old-agent", any_words=True).hits
+    assert hits and f"{agent.seq}" in hits[0].snippet  # "live write N": "writes" only by its stem
 
 
 def test_a_long_upgrade_that_keeps_meeting_a_held_lock_goes_on_from_where_it_stopped(pg_url, monkeypatch):

@@ -21,7 +21,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Engine, Table, TextClause, event, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -198,6 +197,7 @@ def _driver_row(conn: Connection, sql: str, params: dict[str, Any]) -> dict[str,
     means the connection is gone invalidates it first, as SQLAlchemy would (the store reports
     it retryable, and the pool never hands the dead connection out again)."""
     driver: Any = conn.connection.driver_connection
+    dbapi: Any = conn.dialect.loaded_dbapi  # psycopg, imported by SQLAlchemy (an optional extra)
     try:
         with driver.cursor() as cursor:
             cursor.execute(sql, params)
@@ -208,11 +208,11 @@ def _driver_row(conn: Connection, sql: str, params: dict[str, Any]) -> dict[str,
             if names is None:  # the same for every run of a statement: read once
                 names = _COLUMN_NAMES[sql] = [d.name for d in cursor.description]
             return dict(zip(names, row, strict=True))
-    except psycopg.Error as exc:
-        gone = conn.dialect.is_disconnect(exc, driver, None)  # type: ignore[arg-type]
+    except dbapi.Error as exc:
+        gone = conn.dialect.is_disconnect(exc, driver, None)
         if gone:
             conn.invalidate(exc)
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error, hide_parameters=True,
+        raise DBAPIError.instance(sql, params, exc, dbapi.Error, hide_parameters=True,
                                   connection_invalidated=gone, dialect=conn.dialect) from exc
 
 
