@@ -60,11 +60,11 @@ class BackgroundCatchUp:
         with self._lock:
             self._waiting += count
             self._idle.clear()
+            if self._waiting >= self._batch:
+                self._wake.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="lcm-catch-up", daemon=True)
                 self._thread.start()
-            elif self._waiting >= self._batch:
-                self._wake.set()
 
     def drop_waiting(self) -> None:
         """Forget what waits and let the thread end (the engine was disposed: a database going
@@ -91,6 +91,7 @@ class BackgroundCatchUp:
                 self._wake.clear()
                 if not self._waiting:
                     self._thread = None  # idle: end; the next write starts another
+                    self._idle.set()
                     return
                 taken, self._waiting = self._waiting, 0
             try:
