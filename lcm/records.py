@@ -235,6 +235,8 @@ class SearchResult:
     #: catch them up (read-only, e.g. ``lcm ui``): SQLite did not search them, PostgreSQL only
     #: by their exact words (not stemmed yet); 0 normally.
     unindexed: int = 0
+    #: What that means on this backend, in words (``Backend.unindexed_note``; also in ``notes``).
+    unindexed_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,8 @@ class Store:
 
         ``read_only=True`` (``lcm ui``): lcm itself writes nothing, not even derived data, so
         messages a writer stored since the search index last caught up (fewer than
-        ``INDEX_BATCH`` on SQLite) are not found by search, which says so in its notes.
+        ``INDEX_BATCH`` on SQLite) are not found by search (on PostgreSQL: only by their exact
+        words), which says so in its notes.
         """
         resolved = url if isinstance(url, URL) else connection.resolve_url(url)
         store = cls(resolved)

@@ -165,11 +165,12 @@ class SearchRepository:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
         unindexed = self._core.catch_up_index()
-        notes = (self._core.backend.unindexed_note(unindexed),) if unindexed else ()
+        note = self._core.backend.unindexed_note(unindexed) if unindexed else ""
+        notes = (note,) if note else ()
         with self._core.read() as conn:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None:
-                return SearchResult(hits=[], notes=notes, unindexed=unindexed)
+                return SearchResult(hits=[], notes=notes, unindexed=unindexed, unindexed_note=note)
             if session_pk is not None:
                 owner = conn.execute(select(sessions_t.c.agent_id).where(sessions_t.c.id == session_pk)).scalar()
                 if owner != agent_pk:
@@ -177,7 +178,7 @@ class SearchRepository:
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=session_pk,
                               ranked=sort != "recency", limit=limit, **filters)
             if spec.query.is_empty:
-                return SearchResult(hits=[], notes=spec.query.notes + notes, unindexed=unindexed)
+                return SearchResult(hits=[], notes=spec.query.notes + notes, unindexed=unindexed, unindexed_note=note)
             found, clamped = candidates_of(conn, spec)
             chosen = order_candidates(found, sort, limit)
             hits = hits_of(conn, spec, chosen)
@@ -190,7 +191,7 @@ class SearchRepository:
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
-                            unindexed=unindexed)
+                            unindexed=unindexed, unindexed_note=note)
 
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,

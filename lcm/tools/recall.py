@@ -132,9 +132,7 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     found = Found(hits=words[:limit], mode="full_text", clamped=lexical.candidates_clamped,
                   notes=list(lexical.notes), summaries_omitted=scope == "current" and filtered)
     if lexical.unindexed:
-        found.degraded_reason = (f"the newest {lexical.unindexed} stored message(s) are not fully indexed yet "
-                                 "(SQLite: not searched; PostgreSQL: found by their exact words only); the next "
-                                 "search that may write indexes them")
+        found.degraded_reason = lexical.unindexed_note  # the backend's own words for what was missed
     if wanted == "full_text":
         return found
     if embedder is None:

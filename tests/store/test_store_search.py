@@ -391,6 +391,7 @@ def test_a_read_only_store_says_which_messages_its_search_could_not_see(sqlite_u
     [row] = append_messages(writer, s.id, [{"role": "user", "content": "the okapi sleeps"}]).store_ids
     seen = reader.search.messages("okapi", agent="agent")
     assert seen.hits == [] and any("newest 1 message stored since" in n for n in seen.notes)
+    assert seen.unindexed == 1 and seen.unindexed_note in seen.notes  # what lcm_grep reports as degraded
     assert [h.id for h in writer.search.messages("okapi", agent="agent").hits] == [row]
     seen = reader.search.messages("okapi", agent="agent")
     assert [h.id for h in seen.hits] == [row] and not seen.notes
