@@ -117,6 +117,29 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class GeneratedMessage:
+    """What a message lcm generated for a context stands for, so that the host sending it back
+    tells lcm something (recorded by digest, ``MessagePort.remember_generated``).
+
+    A cut copy of a stored message too large for the window *is* that message
+    (``stands_for``: the original's alignment key). lcm's summary message stands in for a
+    session's messages up to ``through_seq`` (``session_pk``): the host's next conversation
+    message after it is that session's message ``through_seq + 1``. lcm's acknowledgement of
+    its own summary stands for nothing."""
+
+    stands_for: str | None = None
+    session_pk: int | None = None
+    through_seq: int | None = None
+
+    @property
+    def covers(self) -> tuple[int, int] | None:
+        """(session pk, last seq) a summary message stands in for, else None."""
+        if self.session_pk is None or self.through_seq is None:
+            return None
+        return self.session_pk, self.through_seq
+
+
+@dataclass(frozen=True, slots=True)
 class SystemPromptRecord:
     """A version of a session's leading system prompt (kept once per session, by digest)."""
 

@@ -31,7 +31,7 @@ from lcm.prepare import (
     first_of_each,
     row_time,
 )
-from lcm.records import AppendResult, MessageMeta, MessageRecord, SessionRecord, SettledTokens
+from lcm.records import AppendResult, GeneratedMessage, MessageMeta, MessageRecord, SessionRecord, SettledTokens
 from lcm.store._core import (
     MAX_PAGE_LIMIT,
     StoreCore,
@@ -455,20 +455,21 @@ class MessageRepository:
             seq: int | None = conn.execute(seq_of_identity_select(session_pk, identity)).scalar()
             return seq
 
-    def remember_generated(self, agent: str, digests: Mapping[str, str | None]) -> None:
+    def remember_generated(self, agent: str, generated: Mapping[str, GeneratedMessage]) -> None:
         """Record messages lcm generated for a context, by digest (``lcm.transcript.
-        generated_digest``), each with the alignment key of the stored message it stands for
-        (a cut copy) or None (lcm's own summary and acknowledgement)."""
-        if not digests:
+        generated_digest``), each with what it stands for (``GeneratedMessage``). The first
+        record of a digest stays."""
+        if not generated:
             return
         now = time.time()
         with self._core.write() as conn:
             agent_pk = self._core.agent_pk(conn, agent, create=True)
             self._core.backend.insert_ignore(conn, generated_t, [
-                {"agent_id": agent_pk, "digest": d, "stands_for": key, "created_at": now}
-                for d, key in digests.items()], ["agent_id", "digest"])
+                {"agent_id": agent_pk, "digest": d, "stands_for": g.stands_for, "session_id": g.session_pk,
+                 "through_seq": g.through_seq, "created_at": now}
+                for d, g in generated.items()], ["agent_id", "digest"])
 
-    def generated(self, agent: str, digests: Collection[str]) -> dict[str, str | None]:
+    def generated(self, agent: str, digests: Collection[str]) -> dict[str, GeneratedMessage]:
         """Which of ``digests`` name messages lcm generated for this agent, with what each
         stands for (see :meth:`remember_generated`)."""
         if not digests:
@@ -477,5 +478,7 @@ class MessageRepository:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None:
                 return {}
-            return {d: s for d, s in conn.execute(select(generated_t.c.digest, generated_t.c.stands_for).where(
-                generated_t.c.agent_id == agent_pk, generated_t.c.digest.in_(list(set(digests))))).all()}
+            g = generated_t.c
+            return {d: GeneratedMessage(s, pk, seq) for d, s, pk, seq in conn.execute(
+                select(g.digest, g.stands_for, g.session_id, g.through_seq).where(
+                    g.agent_id == agent_pk, g.digest.in_(list(set(digests))))).all()}

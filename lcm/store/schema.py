@@ -170,6 +170,11 @@ class Generated(Base):
     #: For a stored message handed back cut (too large for the window): the original's
     #: alignment key (``lcm.ingest.meta_key``), so the cut copy coming back is that message.
     stands_for: Mapped[str | None] = mapped_column(String(80))
+    #: For lcm's summary message: the session whose context it opened and the last message of
+    #: that session it stands in for (revision 0013), so a host that sends it back (after a
+    #: restart, say) is known to continue that session right after that message.
+    session_id: Mapped[int | None] = mapped_column(Integer)
+    through_seq: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
 
 

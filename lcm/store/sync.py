@@ -364,6 +364,8 @@ class StoreSync:
         for r in rows:
             agent_pk = self.target.agent_pk(dst, r.name, create=True)
             values.append({"agent_id": agent_pk, "digest": r.digest, "stands_for": r.stands_for,
+                           "session_id": self._session_map.get(r.session_id) if r.session_id is not None else None,
+                           "through_seq": r.through_seq if r.session_id in self._session_map else None,
                            "created_at": r.created_at})
         for i in range(0, len(values), self.batch):
             self.target.backend.insert_ignore(dst, generated_t, values[i:i + self.batch], ["agent_id", "digest"])

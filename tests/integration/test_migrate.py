@@ -74,6 +74,15 @@ def table_counts(url: str) -> dict[str, int]:
             "lcm_vectors", "lcm_payloads")}
 
 
+def covered_sessions(url: str) -> set[tuple[str, str | None, int | None]]:
+    """(digest, session key, seq) of what each generated message stands in for."""
+    store = Store.open(url)
+    with store.engine.connect() as conn:
+        return set(conn.execute(text(
+            "SELECT g.digest, s.session_key, g.through_seq FROM lcm_generated g "
+            "LEFT JOIN lcm_sessions s ON s.id = g.session_id")).all())
+
+
 @pytest.fixture(params=["sqlite-to-postgresql", "postgresql-to-sqlite"])
 def two_urls(request, sqlite_url, pg_url) -> tuple[str, str]:
     return (sqlite_url, pg_url) if request.param == "sqlite-to-postgresql" else (pg_url, sqlite_url)
@@ -123,6 +132,9 @@ def test_a_whole_store_moves_losslessly_and_verified(two_urls, lcm):
     whole = json.loads(target.handle_tool_call("lcm_expand", {"store_id": big["store_id"],
                                                               "content_offset": len(BIG) - 10}))
     assert whole["item"]["message"]["content"] == BIG[-10:]
+    # What lcm's summaries stand in for names the same session and message on both sides.
+    assert covered_sessions(target_url) == covered_sessions(source_url)
+    assert any(key for _, key, _ in covered_sessions(target_url))
     # Vectors came along (their model and their items).
     store = Store.open(target_url)
     assert store.vectors.coverage("test:m").pending == 0

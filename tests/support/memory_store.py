@@ -39,6 +39,7 @@ from lcm.records import (
     CompactionView,
     DepthStats,
     EmbedItem,
+    GeneratedMessage,
     MessageMeta,
     MessageRecord,
     NewSummary,
@@ -91,7 +92,7 @@ class _Data:
     edges: dict[int, list[int]] = field(default_factory=dict)
     covered_by: dict[int, int] = field(default_factory=dict)  # message store id -> leaf id
     carried: dict[int, list[int]] = field(default_factory=dict)
-    generated: dict[tuple[int, str], str | None] = field(default_factory=dict)
+    generated: dict[tuple[int, str], GeneratedMessage] = field(default_factory=dict)
     system_prompts: dict[int, list[SystemPromptRecord]] = field(default_factory=dict)
     #: (kind, item id, model) -> (agent pk, unit vector)
     vectors: dict[tuple[str, int, str], tuple[int, Any]] = field(default_factory=dict)
@@ -378,14 +379,14 @@ class MemoryMessages(_Part):
         store_id = self._data.identities.get(session_pk, {}).get(identity)
         return self._data.rows[store_id].seq if store_id is not None else None
 
-    def remember_generated(self, agent: str, digests: Mapping[str, str | None]) -> None:
+    def remember_generated(self, agent: str, generated: Mapping[str, GeneratedMessage]) -> None:
         with self._data.lock:
             agent_pk = self._data.agent(agent, create=True)
             assert agent_pk is not None
-            for digest, stands_for in digests.items():
-                self._data.generated.setdefault((agent_pk, digest), stands_for)
+            for digest, record in generated.items():
+                self._data.generated.setdefault((agent_pk, digest), record)
 
-    def generated(self, agent: str, digests: Collection[str]) -> dict[str, str | None]:
+    def generated(self, agent: str, digests: Collection[str]) -> dict[str, GeneratedMessage]:
         agent_pk = self._data.agent(agent, create=False)
         return {d: self._data.generated[(agent_pk, d)] for d in digests
                 if agent_pk is not None and (agent_pk, d) in self._data.generated}
