@@ -49,7 +49,7 @@ BACKLOG_LOOKBACK = 5000
 class Assembly:
     messages: list[dict[str, Any]]
     tokens: int  # lcm's estimate of the whole prompt, host overhead included
-    raw_first_seq: int | None  # seq of the first verbatim message included
+    raw_first_seq: int | None  # seq of the first verbatim message of the session's own included
     omitted_raw: tuple[int, int, int] | None  # (first seq, last seq, count) left out
     omitted_summaries: int
     over_budget: bool
@@ -73,19 +73,36 @@ def render_node(node: SummaryRecord, carried: bool) -> str:
             f"time=\"{times}\"{origin}>\n{node.content.strip()}\n</summary>")
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """Stored messages a context leaves out without a summary of them: ``count`` messages from
+    ``first`` to ``last`` (seq, in ``session_key`` when that is not the context's own session)."""
+
+    first: int
+    last: int
+    count: int
+    session_key: str | None = None
+    before_fork: bool = False  # a fork's inherited messages, left out once it has summaries
+
+    def describe(self) -> str:
+        where = f"{self.first}-{self.last}" + (f" of session {self.session_key}" if self.session_key else "")
+        if self.before_fork:
+            return (f"({self.count} stored messages before this session forked ({where}) are not summarized "
+                    "and are left out here: lcm_grep finds them, lcm_load_session on that session shows them.)")
+        return (f"({self.count} stored messages, {where}, are not summarized yet and are left out to fit the "
+                "context window: lcm_load_session or lcm_grep shows them.)")
+
+
 def render_summary_message(
     nodes: Sequence[SummaryRecord], carried_ids: frozenset[int],
-    omitted_raw: tuple[int, int, int] | None, omitted_summaries: int,
+    omitted_raw: Sequence[LeftOut], omitted_summaries: int,
 ) -> dict[str, Any]:
     parts = [SUMMARY_MARKER, PREAMBLE]
     if omitted_summaries:
         parts.append(f"({omitted_summaries} older summaries are left out to fit the context "
                      "window; lcm_describe lists every summary.)")
     parts.extend(render_node(n, n.id in carried_ids) for n in nodes)
-    if omitted_raw is not None:
-        first, last, count = omitted_raw
-        parts.append(f"({count} stored messages, {first}-{last}, are not summarized yet and are "
-                     "left out to fit the context window: lcm_load_session or lcm_grep shows them.)")
+    parts.extend(left.describe() for left in omitted_raw)
     parts.append(SUMMARY_END)
     return {"role": "user", "content": "\n\n".join(parts), COMPRESSED_SUMMARY_KEY: True}
 
@@ -102,6 +119,8 @@ def assemble(
     tokens: TokenCounter,
     skipped: tuple[int, int, int] | None = None,
     newest_user_seq: int | None = None,
+    inherited: Sequence[MessageRecord] = (),
+    inherited_left_out: Sequence[LeftOut] = (),
 ) -> Assembly:
     """Build the context (see the module docstring). ``raw`` is the stored messages after the
     summarized prefix, in order; ``tail_start_seq`` is where the protected fresh tail begins;
@@ -114,9 +133,16 @@ def assemble(
     at the newest user message (``newest_user_seq``), which with everything after it always
     stays; then that newest turn with its largest messages cut (each pointing at its stored
     original). Only when even that does not fit is the result ``over_budget`` (and then the
-    fresh tail is kept whole)."""
-    builder = _Builder(system, nodes, carried_ids, raw, skipped, overhead, tokens)
-    tail_idx = next((i for i, r in enumerate(raw) if r.seq >= tail_start_seq), len(raw))
+    fresh tail is kept whole).
+
+    A fork's context (``lcm.context.lineage``): ``inherited`` are its ancestors' messages up to
+    the fork point that no summary covers, verbatim before its own raw messages (only while it
+    has no summary of its own); ``inherited_left_out`` names them once it has."""
+    own = len(inherited)
+    builder = _Builder(system, nodes, carried_ids, [*inherited, *raw], skipped, overhead, tokens,
+                       own_from=own, left_out=inherited_left_out)
+    raw = builder.raw
+    tail_idx = own + next((i for i, r in enumerate(raw[own:]) if r.seq >= tail_start_seq), len(raw) - own)
     # Where the verbatim part may start: index 0, or an assistant message before the tail.
     starts = [0] + [i for i in range(1, tail_idx + 1) if i < len(raw) and raw[i].role == "assistant"]
     for start in starts:
@@ -127,7 +153,7 @@ def assemble(
     for dropped in range(1, len(nodes) + 1):
         if builder.size(last_start, nodes[dropped:], dropped) <= budget:
             return builder.result(last_start, nodes[dropped:], dropped, over=False)
-    newest_user = next((i for i, r in enumerate(raw) if r.seq == newest_user_seq), None)
+    newest_user = next((i for i, r in enumerate(raw) if i >= own and r.seq == newest_user_seq), None)
     later = [i for i in range(last_start + 1, len(raw))
              if i == newest_user or (raw[i].role == "assistant" and (newest_user is None or i < newest_user))]
     for start in later:  # the tail itself shrinks, down to the newest user turn
@@ -148,25 +174,40 @@ class _Builder:
 
     def __init__(self, system: Mapping[str, Any] | None, nodes: Sequence[SummaryRecord],
                  carried_ids: frozenset[int], raw: Sequence[MessageRecord],
-                 skipped: tuple[int, int, int] | None, overhead: int, tokens: TokenCounter):
+                 skipped: tuple[int, int, int] | None, overhead: int, tokens: TokenCounter, *,
+                 own_from: int = 0, left_out: Sequence[LeftOut] = ()):
         self.system, self.nodes, self.carried_ids, self.raw = system, nodes, carried_ids, raw
         self.skipped, self.overhead, self.tokens = skipped, overhead, tokens
+        self.own_from, self.left_out = own_from, list(left_out)  # raw[:own_from]: inherited
         self.system_tokens = tokens.count_message_text(message_text(system)) if system is not None else 0
         self.raw_tokens = [r.token_count for r in raw]
         self.sizes = list(self.raw_tokens)
         self.cuts: dict[int, dict[str, Any]] = {}
 
     def omitted_at(self, start: int) -> tuple[int, int, int] | None:
-        """(first seq, last seq, count) of the raw messages left out when starting at ``start``."""
-        skipped, raw = self.skipped, self.raw
-        if start == 0:
+        """(first seq, last seq, count) of the session's own raw messages left out when
+        starting at ``start`` (inherited ones left out are named by :meth:`left_out_at`)."""
+        skipped, raw, own = self.skipped, self.raw, self.own_from
+        if start <= own:
             return skipped
-        first = skipped[0] if skipped else raw[0].seq
-        return (first, raw[start - 1].seq, start + (skipped[2] if skipped else 0))
+        first = skipped[0] if skipped else raw[own].seq
+        return (first, raw[start - 1].seq, start - own + (skipped[2] if skipped else 0))
+
+    def left_out_at(self, start: int) -> list[LeftOut]:
+        """Every run of stored messages the context leaves out when starting at ``start``."""
+        out = list(self.left_out)
+        inherited = self.raw[:min(start, self.own_from)]
+        for key in dict.fromkeys(r.session_key for r in inherited):  # per ancestor, oldest first
+            run = [r for r in inherited if r.session_key == key]
+            out.append(LeftOut(run[0].seq, run[-1].seq, len(run), key))
+        omitted = self.omitted_at(start)
+        if omitted is not None:
+            out.append(LeftOut(*omitted))
+        return out
 
     def build(self, start: int, keep: Sequence[SummaryRecord], dropped: int) -> tuple[list[dict[str, Any]], int]:
         """The messages and their estimated tokens (the host's overhead included)."""
-        omitted = self.omitted_at(start)
+        omitted = self.left_out_at(start)
         out: list[dict[str, Any]] = [clean_message(self.system)] if self.system is not None else []
         total = self.overhead + self.system_tokens + sum(self.sizes[start:])
         if keep or omitted or dropped:
@@ -186,7 +227,8 @@ class _Builder:
         out, total = self.build(start, keep, dropped)
         raw = self.raw
         return Assembly(
-            messages=out, tokens=total, raw_first_seq=raw[start].seq if start < len(raw) else None,
+            messages=out, tokens=total,
+            raw_first_seq=raw[max(start, self.own_from)].seq if max(start, self.own_from) < len(raw) else None,
             omitted_raw=self.omitted_at(start), omitted_summaries=dropped, over_budget=over,
             included=tuple(raw[start:]),
             cut=tuple((self.cuts[i], raw[i]) for i in sorted(self.cuts) if i >= start))

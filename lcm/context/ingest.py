@@ -16,9 +16,15 @@ message: it is stored as well as it can be, with the change recorded on the row.
 
 Alignment, decided under the lock of the session's family (``store.sessions.family``: a row
 lock on PostgreSQL, the write lock on SQLite), against what is stored, never against this
-process's memory alone. The transcript is matched against the stored history (the session's
-newest messages, reaching back to where the host's view starts, ``host_view_seq``, and for a
-fork into its parent's messages up to the fork point):
+process's memory alone. What the host's transcript proves comes first, checked against the
+store (issue 30): a host that holds the context lcm handed it (plus new messages) has its held
+messages where they were stored, and only what follows is matched, from the stored message
+after its last one (``Held``); lcm's summary message at the head of a transcript names the
+session and message it stands in for, so the conversation after it continues there
+(``Covered``: a restarted host reloading the list it kept, in a fork, say). Otherwise the
+transcript is matched against the stored history (the session's newest messages, reaching back
+to where the host's view starts, ``host_view_seq``, and for a fork into its parent's messages
+up to the fork point):
 
 * its first matching message is the start of the longest run of consecutive matches (a host
   resumed with the tail of a long session starts anywhere); earlier messages the store does
@@ -52,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lcm.context.ports import StorePorts
-from lcm.errors import ConcurrentUpdateError
+from lcm.errors import ConcurrentUpdateError, NotFoundError
 from lcm.messages import content_hash, message_uid, uid_identity, unstorable_reason
 from lcm.prepare import PreparedMessage, message_identity, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
@@ -94,8 +100,12 @@ class IngestResult:
     forked: bool = False  # this call started a new fork
     #: The transcript ends at the session's last stored message. False: the host is behind
     #: what is stored (another writer, or a restarted host re-sending its history), and a
-    #: context assembled from the session would hand it messages it never had.
+    #: context assembled from the whole session would hand it messages it never had.
     at_end: bool = True
+    #: The seq in ``session`` of the transcript's last message: where the host's conversation
+    #: ends, so where a context handed back to it must end too. None when that message is not
+    #: in ``session`` (a host behind a fork point) or the transcript holds no conversation.
+    host_end: int | None = None
 
 
 @dataclass
@@ -121,6 +131,37 @@ class HostView:
     #: ones (a transcript of repeated messages): its next turn is aligned again, never appended
     #: after the guessed end.
     sure: bool = True
+    #: (session pk, seq) where the transcript's last message is stored, None when unknown.
+    last_at: tuple[int, int] | None = None
+
+    def proves(self, conversation: Sequence[Any]) -> Held | None:
+        """Where the messages of ``conversation`` this view held are stored, when it starts
+        with exactly them (the same objects) and their places were not a guess."""
+        n = len(self.objects)
+        if not (n and self.sure and self.last_at is not None and len(conversation) >= n
+                and _common_prefix(self.objects, conversation[:n]) == n):
+            return None
+        return Held(self.store_ids, self.token_counts, self.last_at)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a host's held view proves about the stored session: its first ``len(store_ids)``
+    conversation messages are stored as ``store_ids``, the last of them at ``last_at``."""
+
+    store_ids: list[int]
+    token_counts: list[int]
+    last_at: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Covered:
+    """What lcm's summary message in a host's transcript proves: the conversation message after
+    it (index ``index`` of the conversation) is message ``seq`` of session ``session_pk``."""
+
+    index: int
+    session_pk: int
+    seq: int
 
 
 @dataclass
@@ -136,6 +177,8 @@ class _Plan:
     end_store_id: int | None  # the store id of ``target``'s last stored message
     #: The alignment start was the only best one (see ``_alignment_start``).
     sure: bool = True
+    #: (session pk, seq) of the stored message the transcript's last message is (None: new).
+    last_at: tuple[int, int] | None = None
 
 
 class AlignmentReads(Protocol):
@@ -174,6 +217,8 @@ class Ingestor:
     own: Callable[[Any], bool] = field(default=lambda m: False)
     #: The alignment key of the stored message a cut copy lcm handed out stands for, else None.
     stands_for: Callable[[Any], str | None] = field(default=lambda m: None)
+    #: (session pk, last seq) that lcm's summary message stands in for, else None.
+    covers: Callable[[Any], tuple[int, int] | None] = field(default=lambda m: None)
     #: Secrets out of messages before anything else sees them (``lcm.redact``; None: off).
     redact: Callable[[Sequence[Any]], list[Any]] | None = None
     _cache: dict[int, HostView] = field(default_factory=dict)
@@ -215,18 +260,21 @@ class Ingestor:
                 token_counts=[r.token_count for r in records], session=session,
                 end_seq=end.seq if end is not None else None,
                 end_identity=end.identity if end is not None else "",
-                host=list(host), system=system, recall=recall_call_ids(objects))
+                host=list(host), system=system, recall=recall_call_ids(objects),
+                last_at=(records[-1].session_pk, records[-1].seq) if records else None)
 
     def ingest(self, session_pk: int, messages: Sequence[Any]) -> IngestResult:
         redact = self.redact or (lambda ms: list(ms))
         with self._lock:
             seen = self._cache.get(session_pk)
+            prior = None
             if seen is not None and seen.host and _common_prefix(seen.host, messages) == len(seen.host):
                 fast = self._extend(seen, redact(messages[len(seen.host):]))
                 if fast is not None:
                     fast.host, fast.system = list(messages), seen.system
                     return self._result(fast)
-            seen = self._ingest(session_pk, redact(messages))
+                prior = seen  # the host holds what it held before, plus new messages
+            seen = self._ingest(session_pk, redact(messages), prior)
             # The fast path compares the host's own objects, redacted or not.
             seen.host = list(messages)
             return self._result(seen)
@@ -244,7 +292,8 @@ class Ingestor:
             self._count_skipped(seen.session, unnoted)
             return HostView(seen.objects, seen.store_ids, seen.token_counts, seen.session,
                          seen.end_seq, seen.end_identity, 0,
-                         recall=seen.recall, skipped=seen.skipped + len(bad), sure=seen.sure)
+                         recall=seen.recall, skipped=seen.skipped + len(bad), sure=seen.sure,
+                         last_at=seen.last_at)
         if seen.end_seq is None or not seen.sure:
             return None
         recall = seen.recall | recall_call_ids(good)
@@ -258,7 +307,8 @@ class Ingestor:
         extended = HostView(seen.objects + good, seen.store_ids + list(result.store_ids),
                          seen.token_counts + list(result.token_counts), result.session,
                          result.session.last_seq, result.last_identity, len(good),
-                         recall=recall, skipped=seen.skipped + len(bad))
+                         recall=recall, skipped=seen.skipped + len(bad),
+                         last_at=(result.session.id, result.session.last_seq))
         self._cache[result.session.id] = extended
         if result.inserted:
             log.debug("lcm ingest: %d new message(s) in session %s", result.inserted,
@@ -267,18 +317,21 @@ class Ingestor:
 
     # ------------------------------------------------------------------ full alignment
 
-    def _ingest(self, session_pk: int, messages: Sequence[Any]) -> HostView:
+    def _ingest(self, session_pk: int, messages: Sequence[Any], prior: HostView | None = None) -> HostView:
+        """Full alignment. ``prior``: the view this host held last, which ``messages`` extend:
+        where its messages are stored is known (``Held``), so only what follows is aligned."""
         system, conversation = split_transcript(messages, self.own)
         good, bad = _partition(conversation)
         keys = [self.stands_for(m) or message_key(m, content_hash(m)) for m in good]
         recall = recall_call_ids(good)
+        proof = (prior.proves(good) if prior is not None else None) or self._covered(messages, good)
         # A first plan from a plain read: its new messages are encoded outside the lock, the
         # expensive part of a write. The plan that counts is made again under the lock.
-        guess = _plan(_Reader(self.store), session_pk, keys)
+        guess = _plan(_Reader(self.store), session_pk, keys, proof)
         prepared: dict[int, PreparedMessage] = dict(zip(
             guess.new_idx, prepare_messages([good[i] for i in guess.new_idx], self._counter(), recall), strict=True))
         with self.store.sessions.family(session_pk) as writer:
-            plan = _plan(writer, session_pk, keys)
+            plan = _plan(writer, session_pk, keys, proof)
             missing = [i for i in plan.new_idx if i not in prepared]
             if missing:
                 prepared.update(zip(missing, prepare_messages([good[i] for i in missing], self._counter(), recall),
@@ -293,6 +346,8 @@ class Ingestor:
                 for i, sid, tok in zip(plan.new_idx, result.store_ids, result.token_counts, strict=True):
                     plan.mapped[i], plan.tokens[i] = sid, tok
                 target, end_id, end_identity = result.session, result.store_ids[-1], result.last_identity
+                if plan.new_idx[-1] == len(good) - 1:  # the transcript's last message is new
+                    plan.last_at = (target.id, target.last_seq)
             unnoted = self._unnoted(target, bad)
             if unnoted:
                 writer.add_skipped(target.id, len(unnoted))
@@ -311,9 +366,28 @@ class Ingestor:
                      target, target.last_seq if extendable else None,
                      end_identity if extendable else "", len(plan.new_idx),
                      host=list(messages), system=system, recall=recall,
-                     skipped=len(bad), forked=forked, sure=plan.sure)
+                     skipped=len(bad), forked=forked, sure=plan.sure, last_at=plan.last_at)
         self._cache[target.id] = seen
         return seen
+
+    def _covered(self, messages: Sequence[Any], good: Sequence[Any]) -> Covered | None:
+        """Where lcm's (last) summary message in the transcript says the conversation after it
+        continues (``Covered``), or None: no such summary, or nothing after it."""
+        if not good:
+            return None
+        conversation = {id(m) for m in good}
+        found, index = None, 0
+        for m in messages:
+            if id(m) in conversation:
+                index += 1
+                continue
+            covers = self.covers(m)
+            if covers is not None:
+                found = (index, covers)
+        if found is None or found[0] >= len(good):
+            return None
+        index, (session_pk, through) = found
+        return Covered(index, session_pk, through + 1)
 
     def _carry_into_fork(self, fork: SessionRecord) -> None:
         """A fork's context starts with the parent's summaries of what the two share."""
@@ -350,10 +424,12 @@ class Ingestor:
 
     @staticmethod
     def _result(seen: HostView) -> IngestResult:
+        at = seen.last_at
         return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
                             store_ids=seen.store_ids, token_counts=seen.token_counts,
                             added=seen.added, skipped=seen.skipped,
-                            forked=seen.forked, at_end=seen.end_seq is not None)
+                            forked=seen.forked, at_end=seen.end_seq is not None,
+                            host_end=at[1] if at is not None and at[0] == seen.session.id else None)
 
 
 # --------------------------------------------------------------------------- planning
@@ -406,12 +482,20 @@ def _lineage(reader: AlignmentReads, session: SessionRecord, want: int, from_seq
     return lineage
 
 
-def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan:
-    """Where each of the transcript's messages (by ``keys``) is stored, and where the new ones go."""
+def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: Held | Covered | None = None) -> _Plan:
+    """Where each of the transcript's messages (by ``keys``) is stored, and where the new ones go.
+
+    ``proof``: what the host's transcript proves about where it is stored (the view it held, or
+    lcm's summary at its head), followed when the store confirms it; else the transcript is
+    aligned by content."""
     session = reader.session(session_pk)
     n = len(keys)
-    lineage = _lineage(reader, session, n + WINDOW_SLACK) if session.last_seq or session.parent_id else _Lineage()
     plan = _Plan([None] * n, [None] * n, [], session, "", None, None)
+    if isinstance(proof, Held) and _plan_after_held(reader, session, keys, proof, plan):
+        return plan
+    if isinstance(proof, Covered) and _plan_after_summary(reader, session, keys, proof, plan):
+        return plan
+    lineage = _lineage(reader, session, n + WINDOW_SLACK) if session.last_seq or session.parent_id else _Lineage()
     if not lineage.metas:
         plan.new_idx = list(range(n))
         return plan
@@ -441,6 +525,80 @@ def _plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str]) -> _Plan
     return plan
 
 
+def _plan_after_held(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], held: Held,
+                     plan: _Plan) -> bool:
+    """Plan a transcript that extends what the host held: the held messages are where they were
+    stored (checked: the last one is still there), and only the rest is matched, one for one,
+    from the stored message after it. False when that cannot be used (the last held message is
+    not in this session, or not where it was): align the usual way.
+
+    Nothing is searched for: a host that holds lcm's context proves where its transcript is
+    in the stored history, however far behind the session's end it is and however often its
+    messages repeat (an "ok" that matches anywhere)."""
+    k = len(held.store_ids)
+    owner_pk, seq = held.last_at
+    if owner_pk != session.id or seq > session.last_seq:
+        return False
+    # From the last held message on; longer than the rest of the transcript, so the transcript
+    # always ends inside the window unless the stored session ends first.
+    lineage = _lineage(reader, session, len(keys) - k + WINDOW_SLACK, from_seq=seq)
+    if not lineage.metas or lineage.metas[0].store_id != held.store_ids[-1]:
+        return False
+    plan.mapped[:k], plan.tokens[:k] = list(held.store_ids), list(held.token_counts)
+    plan.last_at = held.last_at
+    _follow(reader, keys, lineage, k, 1, plan)
+    plan.new_idx = [i for i in range(len(keys)) if plan.mapped[i] is None]
+    return True
+
+
+def _plan_after_summary(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], covered: Covered,
+                        plan: _Plan) -> bool:
+    """Plan a transcript that lcm's summary message heads: the conversation after the summary
+    starts at the message it names (checked: that stored message has the same key), in
+    ``session``, in a fork that descends from it (a restarted host, bound to its host key,
+    that holds the context lcm handed it in a fork of its conversation) or in an ancestor (a
+    fork's context opens with its parent's messages before the fork point); from there the
+    transcript is followed one for one, into the forks it continues. False when that cannot be
+    used: align the usual way."""
+    target = _in_family(reader, session, covered.session_pk)
+    if target is None or covered.seq > target.last_seq:
+        return False
+    i = covered.index
+    lineage = _lineage(reader, target, len(keys) - i + WINDOW_SLACK, from_seq=covered.seq)
+    if not lineage.metas or lineage.metas[0].seq != covered.seq or lineage.keys[0] != keys[i]:
+        return False
+    plan.target = target
+    _follow(reader, keys, lineage, i, 0, plan)
+    _map_before_start(reader, target, keys, lineage, lineage.positions(), i, plan)
+    plan.new_idx = [j for j in range(len(keys)) if plan.mapped[j] is None]
+    return True
+
+
+def _in_family(reader: AlignmentReads, session: SessionRecord, pk: int) -> SessionRecord | None:
+    """The session ``pk`` if it is ``session``, one of its forks (at any depth) or one of its
+    ancestors, else None (another conversation, or forgotten since)."""
+    if pk == session.id:
+        return session
+    try:
+        current = session
+        for _ in range(MAX_FOLLOW):  # an ancestor: the host holds context from before a fork
+            if current.parent_id is None:
+                break
+            current = reader.session(current.parent_id)
+            if current.id == pk:
+                return current
+        found = current = reader.session(pk)
+        for _ in range(MAX_FOLLOW):  # a fork: a host bound to its host key continues a fork
+            if current.parent_id is None:
+                return None
+            if current.parent_id == session.id:
+                return found
+            current = reader.session(current.parent_id)
+    except NotFoundError:
+        return None
+    return None
+
+
 def _follow(reader: AlignmentReads, keys: Sequence[str], lineage: _Lineage, first: int, at: int,
             plan: _Plan) -> None:
     """Map the transcript from ``first`` one for one onto the lineage from ``at``, into the forks
@@ -452,6 +610,7 @@ def _follow(reader: AlignmentReads, keys: Sequence[str], lineage: _Lineage, firs
     for _ in range(MAX_FOLLOW):
         while i < n and p < len(stored) and keys[i] == stored[p]:
             plan.mapped[i], plan.tokens[i] = metas[p].store_id, metas[p].token_count
+            plan.last_at = (owners[p].id, metas[p].seq)
             i, p = i + 1, p + 1
         if i == n or p == len(stored):
             plan.target, plan.anchor, plan.end_store_id = owners[-1], metas[-1].identity, metas[-1].store_id

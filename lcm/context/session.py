@@ -24,19 +24,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lcm.config import LcmConfig
-from lcm.context.assembly import Assembly, assemble, load_raw
+from lcm.context.assembly import Assembly, LeftOut, assemble, load_raw
 from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_config
 from lcm.context.compactor import CompactionResult, Compactor
 from lcm.context.embed import BackgroundIndexer, Embedder, embedder_for
 from lcm.context.filters import Filters, Rule
 from lcm.context.ingest import Ingestor, IngestResult, message_key, with_exact_counts
+from lcm.context.lineage import inherited, inherited_records
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
 from lcm.context.summarize import HostRoute, Summarizer
+from lcm.context.until import view_until
 from lcm.errors import InvalidMessageError, LcmError, NotFoundError
 from lcm.messages import content_hash, message_text
 from lcm.prepare import prepare_system_prompt
-from lcm.records import CompactionView, SessionRecord, SettledTokens
+from lcm.records import CompactionView, GeneratedMessage, SessionRecord, SettledTokens
 from lcm.redact import Redactor
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
@@ -284,6 +286,7 @@ class ContextSession:
                 filters.message_patterns) else own
             self._ingestor = Ingestor(self.store, self.tokens, own=skip,
                                       stands_for=self.own_messages.stands_for,
+                                      covers=self.own_messages.covers,
                                       redact=self.redactor.messages if self.redactor is not None else None)
         return self._ingestor
 
@@ -537,12 +540,12 @@ class ContextSession:
         except InvalidMessageError as exc:
             self.record({"status": "stopped", "reason": f"a message cannot be stored: {exc}", "at": time.time()})
             return messages
-        if not seen.at_end:
-            # The host is behind the stored session: anything assembled from the session would
-            # hand it messages it never had, which it would then send back as new ones.
+        if seen.host_end is None:
+            # Nothing of the host's conversation ends in this session (it is behind the point
+            # where its conversation forked, or holds nothing storable): nothing to assemble for it.
             self.record({"status": "not_needed", "reason": (
-                "the host's transcript is behind the stored session (another writer, or a restarted "
-                "host re-sending its history): its context is left as it is"), "passes": 0,
+                "the host's transcript does not end in the stored session (it holds nothing storable, "
+                "or is behind where its conversation forked): its context is left as it is"), "passes": 0,
                 "at": time.time()})
             return messages
         sys_tokens, host_size = self._measure(messages, seen, current_tokens)
@@ -555,14 +558,21 @@ class ContextSession:
         # Nothing could be done at this size: should_compact stops promising until it grows.
         self._stalled_at = host_size if outcome.passes == 0 and outcome.status == "stopped" else None
         over_cap = bool(self.window.assembly_cap) and host_size > self.window.assembly_cap
-        if outcome.passes == 0 and self._extends_handed(messages):
-            # Nothing compacted and the host holds what lcm last handed over plus new
-            # messages: assembling again would give back exactly this list.
+        if outcome.passes == 0 and not outcome.cause and self._extends_handed(messages):
+            # Nothing was due and the host holds what lcm last handed over plus new messages:
+            # assembling again would give back exactly this list. (When a compaction was due
+            # and found nothing to do, another host on the session may have done it: the host
+            # is handed the smaller context below.)
             self.record({**outcome.as_dict(), "over_budget": over_cap})
             return messages
         view = done.view if done.view is not None else self.store.summaries.compaction_view(seen.session.id)
         self.current = view.session
-        assembly = self._assemble(view, done.plan, seen.system)
+        assembly = self._assemble(view, done.plan, seen.system, end=seen.host_end)
+        if assembly is None:
+            self.record({**outcome.as_dict(), "over_budget": over_cap, "reason": (
+                f"{outcome.reason}; the host's transcript (to message {seen.host_end}) holds no user "
+                "message: its context is left as it is")})
+            return messages
         result = {**outcome.as_dict(), "assembled_tokens": assembly.tokens, "over_budget": assembly.over_budget,
                   "omitted_messages": assembly.omitted_raw[2] if assembly.omitted_raw else 0,
                   "omitted_summaries": assembly.omitted_summaries}
@@ -674,7 +684,9 @@ class ContextSession:
         self.settle_counts(self.session.id)
         view = self.store.summaries.compaction_view(self.session.id)
         self.current = view.session
-        return self._assemble(view, None, system)
+        assembly = self._assemble(view, None, system)
+        assert assembly is not None  # only a context that must end early can be impossible
+        return assembly
 
     def _extends_handed(self, messages: Sequence[Any]) -> bool:
         handed = self._handed
@@ -683,32 +695,62 @@ class ContextSession:
         return all(a is b for a, b in zip(handed, messages, strict=False))
 
     def _assemble(self, view: CompactionView, plan: TailPlan | None,
-                  system: Mapping[str, Any] | None) -> Assembly:
+                  system: Mapping[str, Any] | None, *, end: int | None = None) -> Assembly | None:
         """The context from the view and the tail plan the compaction made (planned here when
-        it made none): one read of raw messages at most, none when the plan holds them."""
+        it made none): one read of raw messages at most, none when the plan holds them.
+
+        ``end``: the seq of the host's last message. The context ends there, whatever other
+        writers stored since (``lcm.context.until``): a host handed a message it never had
+        holds it from then on, and sends it back beside its own copy (issue 30). None when
+        that host has no user message in the session: it keeps what it has."""
+        if end is not None and end < view.session.last_seq:
+            until = view_until(self.store, view, end)
+            if until is None:
+                return None
+            view, plan = until, None
         session = view.session
         if plan is None:
             plan = self.compactor.plan_tail(session)
         budget = self.window.assembly_cap or None
         raw = load_raw(self.store.messages, session, plan, budget)
+        runs = inherited(self.store, session, view.carried) if session.parent_id is not None else []
+        # A fork's inherited messages come verbatim before its own until it has summaries of
+        # its own (which come after them in time); from then on they are named as left out.
+        verbatim = not view.uncondensed and session.covered_seq == 0
         return assemble(system=system, nodes=view.nodes, carried_ids=frozenset(n.id for n in view.carried),
                         raw=raw.records, tail_start_seq=plan.tail_start, budget=budget,
                         overhead=self.overhead, tokens=self.tokens, skipped=raw.skipped,
-                        newest_user_seq=plan.newest_user)
+                        newest_user_seq=plan.newest_user,
+                        inherited=inherited_records(self.store, runs) if verbatim else (),
+                        inherited_left_out=() if verbatim else [
+                            LeftOut(r.first_seq, r.last_seq, r.count, r.session_key, before_fork=True) for r in runs])
 
     def _hand_over(self, session: SessionRecord, assembly: Assembly, outcome: dict[str, Any]) -> None:
         """The host now holds ``assembly``: remember the messages lcm generated for it (so they
         are known as lcm's own when they come back, in this process or another), where its
         transcript resumes, and the outcome, in one write on the session."""
+        first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
+        # What the summary stands in for: everything before the first verbatim message (an
+        # ancestor's, in a fork's context that starts with inherited messages).
+        opening = assembly.included[0] if assembly.included else None
+        covers = (opening.session_pk, opening.seq - 1) if opening is not None else (session.id, session.last_seq)
         verbatim = {id(r.message) for r in assembly.included}
         stands_for = {id(copy): message_key(original.message, content_hash(original.message))
                       for copy, original in assembly.cut}
-        digests = {d: stands_for.get(id(m)) for m in assembly.messages if id(m) not in verbatim
-                   for d in (generated_digest(m),) if d is not None}
-        if digests:
-            self.store.messages.remember_generated(self.agent_id, digests)
-            self.own_messages.add(digests)
-        first = assembly.raw_first_seq if assembly.raw_first_seq is not None else session.last_seq + 1
+        generated: dict[str, GeneratedMessage] = {}
+        for m in assembly.messages:
+            digest = generated_digest(m) if id(m) not in verbatim else None
+            if digest is None:
+                continue
+            if id(m) in stands_for:  # a cut copy: it is the stored original
+                generated[digest] = GeneratedMessage(stands_for=stands_for[id(m)])
+            elif role_of(m) == "user":  # the summary: it stands in for everything before `first`
+                generated[digest] = GeneratedMessage(session_pk=covers[0], through_seq=covers[1])
+            else:  # the acknowledgement of the summary
+                generated[digest] = GeneratedMessage()
+        if generated:
+            self.store.messages.remember_generated(self.agent_id, generated)
+            self.own_messages.add(generated)
         self.last_outcome = outcome
         after = self.store.sessions.set_host_view(
             session.id, first, outcome=outcome if _worth_keeping(outcome) else None)
