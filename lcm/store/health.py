@@ -53,6 +53,7 @@ class HealthRepository:
             results.extend(self._check_coverage(conn))
             results.extend(self._check_edges(conn))
             results.append(self._check_duplicates(conn))
+            results.append(self._check_fork_repeats(conn))
             results.append(self._check_summary_sizes(conn))
         return results
 
@@ -174,9 +175,8 @@ class HealthRepository:
 
     def _check_duplicates(self, conn: Connection) -> CheckResult:
         """Messages stored twice in one session. A tool result answers one call id, which a
-        model issues once: the same result for the same id twice in a session is a duplicate
-        (what two writers on one session produced before ingest aligned under a lock). Text
-        alone ("ok", "ok") is never taken for a duplicate: people repeat themselves."""
+        model issues once: the same result for the same id twice in a session is a copy.
+        Text alone ("ok", "ok") is never taken for one: people repeat themselves."""
         m = messages_t
         dup = select(m.c.session_id, func.count().label("n")).where(
             m.c.role == "tool", m.c.tool_call_id.is_not(None)).group_by(
@@ -188,9 +188,30 @@ class HealthRepository:
                                "no tool result is stored twice for the same call in a session")
         listed = ", ".join(f"session {sid}: {int(extra)}" for sid, extra in rows)
         return CheckResult("duplicate_messages", "warn",
-                           f"tool results stored twice for the same call ({listed}): written by "
-                           "two hosts on one session before lcm aligned writers under a lock; "
-                           "nothing is lost, the copies are extra")
+                           f"tool results stored more than once for the same call in one session ({listed}): "
+                           "a model answers a call once, so the later ones are copies of messages already "
+                           "stored; nothing is lost; `lcm doctor --repair` removes copies not yet summarized")
+
+    def _check_fork_repeats(self, conn: Connection) -> CheckResult:
+        """A fork claims that two hosts disagree after its fork point. A tool result the fork
+        holds that its parent also holds after the fork point (same call, same result: a model
+        answers a call once) says they agreed there: that conversation is stored twice, once
+        in each session."""
+        fork, own, theirs = sessions_t.alias("fork"), messages_t.alias("own"), messages_t.alias("theirs")
+        rows = conn.execute(select(fork.c.id, fork.c.parent_id, func.count()).join(
+            own, own.c.session_id == fork.c.id).join(theirs, (theirs.c.session_id == fork.c.parent_id)
+                                                     & (theirs.c.seq > fork.c.fork_seq)
+                                                     & (theirs.c.tool_call_id == own.c.tool_call_id)
+                                                     & (theirs.c.content_hash == own.c.content_hash)).where(
+            fork.c.parent_id.is_not(None), own.c.role == "tool", own.c.tool_call_id.is_not(None),
+            theirs.c.role == "tool").group_by(fork.c.id, fork.c.parent_id).order_by(fork.c.id).limit(10)).all()
+        if not rows:
+            return CheckResult("fork_repeats", "ok",
+                               "no fork repeats its parent's messages after the fork point")
+        listed = ", ".join(f"session {sid} (fork of {parent}): {int(n)}" for sid, parent, n in rows)
+        return CheckResult("fork_repeats", "warn",
+                           f"forks holding tool results their parent also holds after the fork point ({listed}): "
+                           "the two sessions store the same conversation from there, each once; nothing is lost")
 
     def _check_summary_sizes(self, conn: Connection) -> CheckResult:
         s = summaries_t

@@ -94,8 +94,10 @@ def test_a_row_filed_under_another_agent_is_found(store, populated):
 
 
 def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
-    """What two writers produced before ingest aligned under a lock (issue 13.1): the doctor
-    says so. Repeated plain text ("ok", "ok") is not a duplicate."""
+    """A tool result stored twice for one call in a session (what two writers produced before
+    ingest aligned under a lock, issue 13.1; a host handed a message it never had, issue 30):
+    the doctor says what it found, not a guess at why. Repeated plain text ("ok", "ok") is not
+    a duplicate."""
     from tests.support.workers import turn
 
     first = append_messages(store, session.id, turn("w", 0) + turn("w", 1))
@@ -104,7 +106,28 @@ def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
     append_messages(store, session.id, turn("w", 1), after_identity=first.last_identity)
     checks = {c.name: c for c in store.health.checks()}
     assert checks["duplicate_messages"].status == "warn"
-    assert f"session {session.id}: 1" in checks["duplicate_messages"].detail
+    detail = checks["duplicate_messages"].detail
+    assert f"session {session.id}: 1" in detail and "lock" not in detail and "--repair" in detail
+
+
+def test_a_fork_that_repeats_its_parent_is_reported(store, session):
+    """A fork claims the two conversations differ after its fork point (issue 30.2). One that
+    holds the parent's own later turn (same call, same result) says they agreed there: the
+    conversation is stored twice, once in each session."""
+    from tests.support.workers import turn
+
+    append_messages(store, session.id, turn("w", 0) + turn("w", 1) + turn("w", 2))
+    with store.sessions.family(session.id) as family:
+        honest = family.create_fork(family.session(session.id), 4)
+    append_messages(store, honest.id, turn("other", 1))  # a real divergence: no warning
+    assert statuses(store)["fork_repeats"] == "ok"
+    with store.sessions.family(session.id) as family:
+        repeating = family.create_fork(family.session(session.id), 4)
+    append_messages(store, repeating.id, [{"role": "user", "content": "again"}, *turn("w", 1), *turn("w", 2)])
+    check = {c.name: c for c in store.health.checks()}["fork_repeats"]
+    assert check.status == "warn"
+    assert f"session {repeating.id} (fork of {session.id}): 2" in check.detail
+    assert f"session {honest.id}" not in check.detail
 
 
 def test_repair_removes_the_copies_and_keeps_the_store_consistent(store, session):
