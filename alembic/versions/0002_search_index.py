@@ -102,7 +102,7 @@ def upgrade() -> None:
         for statement in SQLITE_UP:
             op.execute(statement)
         return
-    from lcm.store.backends.postgres import PostgresBackend
+    from lcm.backends.postgres import PostgresBackend
 
     # IF NOT EXISTS: a run interrupted after the commit below (in the index builds) is re-run
     # from here, with the columns already in place.

@@ -27,7 +27,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    from lcm.store.backends.postgres import PostgresBackend
+    from lcm.backends.postgres import PostgresBackend
     from lcm.store.upgrades import recompute_message_identities
 
     bind = op.get_bind()

@@ -38,7 +38,7 @@ down_revision = "0011_deferred_token_counts"
 branch_labels = None
 depends_on = None
 
-POLICY = "lcm_agent_isolation"  # lcm.store.backends.pg_security.POLICY, fixed at this revision
+POLICY = "lcm_agent_isolation"  # lcm.backends.pg_security.POLICY, fixed at this revision
 
 _STEMS = ("to_tsvector('english'::regconfig, coalesce(search_text, content, '')) || "
           "array_to_tsvector(ARRAY['§s' || session_id::text, '§a' || agent_id::text, '§r:' || coalesce(role, '')])")

@@ -1,4 +1,4 @@
-"""The store: the only part of lcm that touches a database (and the only one importing SQLAlchemy).
+"""The store: the only part of lcm that touches a database (with the dialects it uses, ``lcm.backends``).
 
 ``Store.open(url)`` gives one facade over a database, with one repository per aggregate:
 
@@ -13,7 +13,7 @@
 The engine core (``lcm.context``) sees these only through the Protocols of
 ``lcm.context.ports``, which this facade satisfies structurally; every value that crosses is a
 plain record (``lcm.records``). Which database is underneath is the business of
-``lcm.store.backends`` (one class per dialect) and of the Alembic revisions.
+``lcm.backends`` (one class per dialect) and of the Alembic revisions.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
+from lcm.backends import Backend
 from lcm.errors import SchemaMismatchError
 from lcm.store import connection, migrations
 from lcm.store._core import StoreCore
-from lcm.store.backends import Backend
 from lcm.store.catchup import BackgroundCatchUp
 from lcm.store.forget import ForgetRepository
 from lcm.store.health import HealthRepository

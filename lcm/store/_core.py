@@ -22,11 +22,11 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from lcm import codec
+from lcm.backends import Backend, backend_for_url
 from lcm.config import background_catch_up_enabled, in_range
 from lcm.errors import AccessDeniedError, DatabaseUnavailableError, NotFoundError, first_line
 from lcm.records import SessionRecord, SummaryRecord
 from lcm.store import connection, migrations
-from lcm.store.backends import Backend, backend_for_url
 from lcm.store.catchup import BackgroundCatchUp
 from lcm.store.schema import (
     Agent,

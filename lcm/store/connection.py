@@ -16,9 +16,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
+from lcm.backends import backend_for_url
 from lcm.config import database_url_from_env, default_sqlite_path
 from lcm.errors import ConfigError
-from lcm.store.backends import backend_for_url
 
 _registry: dict[str, Engine] = {}
 _lock = threading.Lock()

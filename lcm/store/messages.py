@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Select, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
+from lcm.backends import IndexRow
 from lcm.errors import ConcurrentUpdateError, StaleViewError
 from lcm.messages import decode_message, message_text
 from lcm.prepare import (
@@ -44,7 +45,6 @@ from lcm.store._core import (
     sessions_t,
     storable_id,
 )
-from lcm.store.backends import IndexRow
 
 #: Claim the next seq numbers of a session whose last seq is as expected, and add the counts;
 #: the row comes back (and stays locked until commit), or nothing when the session moved on.

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, func, select
 
+from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
 from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
-from lcm.store.backends import SearchSpec, window_rank
 from lcm.store.messages import message_select, records
 from lcm.store.vectors import Kind, VectorRepository
 from lcm.textindex import Query, Term, any_words, make_snippet, parse_query

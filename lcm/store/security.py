@@ -1,6 +1,6 @@
 """Per-agent database roles with row-level security (PostgreSQL; ``lcm db secure``).
 
-The policies and roles themselves are in ``lcm.store.backends.pg_security``; this module opens
+The policies and roles themselves are in ``lcm.backends.pg_security``; this module opens
 the database as its owner, checks it can be secured, and runs the change in one transaction.
 """
 
@@ -18,7 +18,7 @@ from lcm.store import connection, migrations
 from lcm.store._core import agents_t, checked_text
 
 if TYPE_CHECKING:
-    from lcm.store.backends.pg_security import AgentRole
+    from lcm.backends.pg_security import AgentRole
 
 
 def _owner_engine(url: URL) -> Engine:
@@ -36,7 +36,7 @@ def secure_per_agent_roles(url: URL, agents: Sequence[str] | None = None, *, pas
                            ) -> list[AgentRole]:
     """Row-level security on, and a login role for each agent (every stored agent when
     ``agents`` is None). Idempotent: existing roles are kept as they are."""
-    from lcm.store.backends import pg_security
+    from lcm.backends import pg_security
 
     engine = _owner_engine(url)
     try:
@@ -60,7 +60,7 @@ def secure_per_agent_roles(url: URL, agents: Sequence[str] | None = None, *, pas
 
 def remove_row_security(url: URL) -> None:
     """Policies dropped and row-level security off (the roles stay; see pg_security.disable)."""
-    from lcm.store.backends import pg_security
+    from lcm.backends import pg_security
 
     engine = _owner_engine(url)
     try:

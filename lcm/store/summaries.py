@@ -17,6 +17,7 @@ from sqlalchemy import Connection, RowMapping, Select, case, func, select, updat
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
+from lcm.backends import IndexRow
 from lcm.errors import ConcurrentUpdateError, IntegrityViolation, NotFoundError, first_line
 from lcm.records import CompactionView, DepthStats, MessageRecord, NewSummary, SummaryRecord, WrittenSummary
 from lcm.store._core import (
@@ -36,7 +37,6 @@ from lcm.store._core import (
     summaries_t,
     summary_record,
 )
-from lcm.store.backends import IndexRow
 from lcm.store.messages import message_select, records
 from lcm.textindex import index_body
 

@@ -36,6 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Table, func, select, update
 
 from lcm import codec
+from lcm.backends import IndexRow
 from lcm.errors import LcmError
 from lcm.store._core import (
     StoreCore,
@@ -50,7 +51,6 @@ from lcm.store._core import (
     summaries_t,
     system_prompts_t,
 )
-from lcm.store.backends import IndexRow
 from lcm.store.vectors import vectors_t
 
 #: Messages (and vectors) read and written per statement.

@@ -97,7 +97,7 @@ def write_at_0002(conn) -> None:
     """0002 adds the search index: on PostgreSQL rows then carry vectors written by lcm."""
     write_at_0001(conn)
     if conn.dialect.name == "postgresql":
-        from lcm.store.backends.postgres import PostgresBackend
+        from lcm.backends.postgres import PostgresBackend
 
         PostgresBackend().rebuild_exact_vectors(conn)
 
@@ -115,7 +115,7 @@ def write_at_0004(conn) -> None:
     write_at_0003(conn)
     reindex = None
     if conn.dialect.name == "postgresql":
-        from lcm.store.backends.postgres import PostgresBackend
+        from lcm.backends.postgres import PostgresBackend
 
         reindex = PostgresBackend().rewrite_exact_vectors
     recompute_message_identities(conn, reindex=reindex)
@@ -238,7 +238,7 @@ def test_rows_indexed_before_0010_and_rows_pending_after_it_stay_consistent(db_u
     """0010 (SQLite) indexes messages in batches behind a watermark. Rows the old triggers
     indexed, rows a batch indexed and rows still pending are each updated and deleted; every
     search then finds what the rows say, and FTS5's own row-by-row comparison passes."""
-    from lcm.store.backends.sqlite import INDEX_BATCH
+    from lcm.backends.sqlite import INDEX_BATCH
 
     url = db.resolve_url(db_url)
     migrations.upgrade(url, "0009_session_origin")

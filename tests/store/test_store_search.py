@@ -184,7 +184,7 @@ def test_limit_is_honoured_and_recency_is_exact_at_scale(store, session):
 def tiny_windows(monkeypatch):
     """Shrink PostgreSQL's probe window so its GIN phase runs on small data (SQLite's
     streaming FTS5 search has no phases; these tests then repeat the SQLite results)."""
-    import lcm.store.backends.postgres as pg
+    import lcm.backends.postgres as pg
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 2)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 10**9)
@@ -195,7 +195,7 @@ def tiny_windows(monkeypatch):
 def gin_direct(store, monkeypatch):
     """Statistics collected and every query rare enough for PostgreSQL's phase 0 (the GIN index
     at once); SQLite has no phases and repeats its results."""
-    import lcm.store.backends.postgres as pg
+    import lcm.backends.postgres as pg
 
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", 10**9)
 
@@ -255,7 +255,7 @@ def test_filters_through_the_index_phase(store, session, tiny_windows):
 
 @pytest.mark.postgres
 def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, monkeypatch):
-    import lcm.store.backends.postgres as pg
+    import lcm.backends.postgres as pg
     from lcm.store import Store
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 10)
@@ -290,7 +290,7 @@ def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_window
 def test_lexeme_statistics_estimate_matches():
     """PostgreSQL's phase-0 decision: a phrase is as rare as its rarest word, an OR group adds
     up, AND groups multiply, a prefix is unknown."""
-    from lcm.store.backends.postgres import LexemeStats, _estimated_matches
+    from lcm.backends.postgres import LexemeStats, _estimated_matches
     from lcm.textindex import parse_query
 
     stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02, "§a1": 0.5, "§s7": 0.01},
@@ -365,8 +365,8 @@ def test_postgres_stems_in_the_background_and_keeps_the_watermark_exact(pg_url):
 
 
 def test_a_full_batch_is_indexed_by_the_write_that_fills_it(sqlite_url):
+    from lcm.backends.sqlite import INDEX_BATCH
     from lcm.store import Store
-    from lcm.store.backends.sqlite import INDEX_BATCH
 
     store = Store.open(sqlite_url)
     s = store.sessions.get_or_create("agent", "s")

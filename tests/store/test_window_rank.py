@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lcm.backends import window_rank
+from lcm.backends.window_rank import DF_SAMPLE, WindowRow, bm25_scores, estimate_doc_freq, idf
 from lcm.store import Store
-from lcm.store.backends import window_rank
-from lcm.store.backends.window_rank import DF_SAMPLE, WindowRow, bm25_scores, estimate_doc_freq, idf
 from lcm.textindex import parse_query
 from tests.support.storing import append_messages
 
@@ -80,7 +80,7 @@ def test_sqlite_ranks_without_reading_whole_doclists(sqlite_url, monkeypatch):
 def test_sqlite_keeps_fts5_bm25_for_queries_without_a_common_word(sqlite_url, monkeypatch):
     """A rare word's doclist is short, so FTS5's own bm25() ranks it (the window ranker, which
     reads each candidate's text, is for queries with a common word)."""
-    from lcm.store.backends.sqlite import SQLiteBackend
+    from lcm.backends.sqlite import SQLiteBackend
 
     store = Store.open(sqlite_url, upgrade=True)
     s = store.sessions.get_or_create("agent-a", "s1")

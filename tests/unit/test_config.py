@@ -13,7 +13,7 @@ from lcm.errors import ConfigError
 
 def test_a_bad_busy_timeout_is_refused_when_needed_not_at_import(monkeypatch):
     """It used to be parsed with a bare int() when the module was imported."""
-    from lcm.store.backends import sqlite as sqlite_backend
+    from lcm.backends import sqlite as sqlite_backend
 
     monkeypatch.setenv("LCM_SQLITE_BUSY_TIMEOUT_MS", "soon")
     with pytest.raises(ConfigError, match="LCM_SQLITE_BUSY_TIMEOUT_MS must be an integer"):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lcm.store.backends.postgres import render_tsquery
-from lcm.store.backends.sqlite import render_match
+from lcm.backends.postgres import render_tsquery
+from lcm.backends.sqlite import render_match
 from lcm.textindex import (
     INDEX_MAX_CHARS,
     MAX_TOKEN_CHARS,

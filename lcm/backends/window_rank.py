@@ -3,7 +3,7 @@
 Why: FTS5's ``bm25()`` counts, before it scores a single row, how many documents of the
 *entire* index contain each query term (``xQueryPhrase`` over the term's full doclist). For the
 most common word of a 1M-message store that is ~100 ms, however few rows are then ranked. lcm
-only ever ranks the newest ``RANK_WINDOW`` matches of a scope (see ``lcm.store.backends``), so when a
+only ever ranks the newest ``RANK_WINDOW`` matches of a scope (see ``lcm.backends``), so when a
 query word is in at least ``WINDOW_RANK_MIN_SHARE`` of all rows the SQLite backend scores those
 rows itself with the usual BM25 formula (for rarer words ``bm25()`` is cheap and is kept: its
 candidates are spread over the whole file, and reading each one's text here would cost more

@@ -27,9 +27,9 @@ from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 
+from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.config import application_name, pg_lock_timeout_ms, pg_pooler, pg_statement_timeout_ms
 from lcm.records import Candidate, CheckResult
-from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token
 from lcm.textindex import Query, Term, normalize_tokens_text
 
 log = logging.getLogger("lcm")

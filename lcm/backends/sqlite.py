@@ -31,10 +31,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 
+from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token, window_rank
 from lcm.config import sqlite_busy_timeout_ms
 from lcm.errors import first_line
 from lcm.records import Candidate, CheckResult
-from lcm.store.backends import Backend, IndexRow, SearchSpec, post_filters, role_token, window_rank
 from lcm.textindex import Query, Term
 
 SAMPLE_ROWS = 200

@@ -245,7 +245,7 @@ class Backend(ABC):
 def backend_for_url(url: URL) -> Backend:
     name = url.get_backend_name()
     if name == "sqlite":
-        from lcm.store.backends.sqlite import SQLiteBackend
+        from lcm.backends.sqlite import SQLiteBackend
 
         return SQLiteBackend()
     if name == "postgresql":
@@ -254,7 +254,7 @@ def backend_for_url(url: URL) -> Backend:
         if find_spec("psycopg") is None:
             raise ConfigError("a PostgreSQL URL needs psycopg, which comes with the postgres extra: "
                               "pip install 'lossless-context[postgres]'")
-        from lcm.store.backends.postgres import PostgresBackend
+        from lcm.backends.postgres import PostgresBackend
 
         return PostgresBackend()
     raise ConfigError(f"no lcm backend for database {name!r}")
