@@ -184,7 +184,7 @@ def test_limit_is_honoured_and_recency_is_exact_at_scale(store, session):
 def tiny_windows(monkeypatch):
     """Shrink PostgreSQL's probe window so its GIN phase runs on small data (SQLite's
     streaming FTS5 search has no phases; these tests then repeat the SQLite results)."""
-    import lcm.backends.postgres as pg
+    import lcm.backends.pg_search as pg
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 2)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 10**9)
@@ -195,7 +195,7 @@ def tiny_windows(monkeypatch):
 def gin_direct(store, monkeypatch):
     """Statistics collected and every query rare enough for PostgreSQL's phase 0 (the GIN index
     at once); SQLite has no phases and repeats its results."""
-    import lcm.backends.postgres as pg
+    import lcm.backends.pg_search as pg
 
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", 10**9)
 
@@ -203,7 +203,7 @@ def gin_direct(store, monkeypatch):
         store.health.optimize()
         if store.backend.name == "postgresql":
             with store.engine.connect() as conn:
-                assert store.backend._lexeme_stats(conn, "lcm_messages") is not None
+                assert store.backend._searches._lexeme_stats(conn, "lcm_messages") is not None
 
     return analyzed
 
@@ -255,7 +255,7 @@ def test_filters_through_the_index_phase(store, session, tiny_windows):
 
 @pytest.mark.postgres
 def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, monkeypatch):
-    import lcm.backends.postgres as pg
+    import lcm.backends.pg_search as pg
     from lcm.store import Store
 
     monkeypatch.setattr(pg, "PROBE_ROWS", 10)
@@ -290,21 +290,21 @@ def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_window
 def test_lexeme_statistics_estimate_matches():
     """PostgreSQL's phase-0 decision: a phrase is as rare as its rarest word, an OR group adds
     up, AND groups multiply, a prefix is unknown."""
-    from lcm.backends.postgres import LexemeStats, _estimated_matches
+    from lcm.backends.pg_text import LexemeStats, estimated_matches
     from lcm.textindex import parse_query
 
     stats = LexemeStats({"common": 0.6, "mid": 0.01, "other": 0.02, "§a1": 0.5, "§s7": 0.01},
                         floor=0.002, rows=1_000_000)
-    assert _estimated_matches(parse_query("common"), [], stats) == pytest.approx(600_000)
-    assert _estimated_matches(parse_query("common"), ["a1"], stats) == pytest.approx(300_000)
-    assert _estimated_matches(parse_query("common"), ["s7"], stats) == pytest.approx(6_000)
-    assert _estimated_matches(parse_query("mid other"), [], stats) == pytest.approx(200)
-    assert _estimated_matches(parse_query("mid OR other"), [], stats) == pytest.approx(30_000)
+    assert estimated_matches(parse_query("common"), [], stats) == pytest.approx(600_000)
+    assert estimated_matches(parse_query("common"), ["a1"], stats) == pytest.approx(300_000)
+    assert estimated_matches(parse_query("common"), ["s7"], stats) == pytest.approx(6_000)
+    assert estimated_matches(parse_query("mid other"), [], stats) == pytest.approx(200)
+    assert estimated_matches(parse_query("mid OR other"), [], stats) == pytest.approx(30_000)
     # Not listed: half the least common listed frequency (at most PostgreSQL's 0.5% default).
-    assert _estimated_matches(parse_query('"common needle"'), [], stats) == pytest.approx(1_000)
-    assert _estimated_matches(parse_query("needle"), ["s99"], stats) == pytest.approx(1)
-    assert _estimated_matches(parse_query("comm*"), [], stats) is None
-    assert _estimated_matches(parse_query("common"), [], None) is None
+    assert estimated_matches(parse_query('"common needle"'), [], stats) == pytest.approx(1_000)
+    assert estimated_matches(parse_query("needle"), ["s99"], stats) == pytest.approx(1)
+    assert estimated_matches(parse_query("comm*"), [], stats) is None
+    assert estimated_matches(parse_query("common"), [], None) is None
 
 
 # ----------------------------------------------------------------- SQLite's batched message index

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lcm.backends.postgres import render_tsquery
+from lcm.backends.pg_text import render_tsquery
 from lcm.backends.sqlite import render_match
 from lcm.textindex import (
     INDEX_MAX_CHARS,

@@ -1,0 +1,252 @@
+"""PostgreSQL's full-text search: fenced phases over the ``search_vector`` GIN indexes (and the
+messages' stemmed side table), so no plan depends on the planner guessing term frequencies.
+``PgSearch`` is the part of ``PostgresBackend`` that answers searches; it keeps the lexeme
+statistics and the stemmed query words it has looked up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from lcm.backends import SearchSpec, post_filters
+from lcm.backends.pg_text import LexemeStats, _quote, estimated_matches, render_tsquery
+from lcm.records import Candidate
+from lcm.textindex import Term
+
+#: Phase 1 of a search looks at this many newest rows of the scope (see ``PgSearch.search``).
+PROBE_ROWS = 2000
+#: Phase 2 (GIN over older rows) of a ranked or filtered search runs only below this estimate.
+PHASE2_MAX_MATCHES = 10_000
+#: A query the lexeme statistics say matches at most this many rows of its scope goes straight
+#: to the GIN index (its cost is those matches); commoner ones start with phase 1, which finds
+#: a common word's newest matches in the first rows it reads.
+GIN_DIRECT_MAX = 2_000
+#: Seconds the lexeme statistics (``pg_stats``, refreshed by ANALYZE) are reused.
+STATS_TTL_S = 300.0
+#: Stemmed query words remembered per process (cleared when it grows past this).
+STEM_CACHE_SIZE = 50_000
+
+
+@dataclass(frozen=True)
+class _PhaseQuery:
+    """One search, rendered once for every phase that runs it."""
+
+    base: str  # the table
+    scope: list[str]  # its scope lexemes
+    score: str  # SQL of the rank (NULL for a recency sort)
+    filters: list[str]  # time and platform conditions
+    params: dict[str, Any]
+    platform_join: str
+    need: int  # candidates wanted
+    ranked: bool
+    column: str  # search_vector (exact tokens) or search_stems (english configuration)
+    source: str  # the FROM clause, the searched rows as ``t``
+    vector: str  # the searched vector, qualified
+    order_col: str  # the scope's own order: seq for one session's messages, else id
+    where_scope: str
+
+
+class PgSearch:
+    """Searches of one backend instance (its caches are per process, like the backend)."""
+
+    def __init__(self) -> None:
+        self._stats_cache: dict[str, tuple[float, LexemeStats | None]] = {}
+        self._stems: dict[str, str] = {}  # to_tsquery('english', word) per word, see _stemmed_tsquery
+
+    def search(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
+                roles: Sequence[str]) -> tuple[list[Candidate], bool]:
+        """Fenced phases, so no plan depends on the planner guessing term frequencies.
+
+        0. When the lexeme statistics say the query matches few rows of its scope (a needle, a
+           rare word, two mid-frequency words together): the GIN index at once.
+        1. Otherwise the newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the
+           query: common words are answered here.
+        2. Only if that found too few: the GIN index over the older rows. For a recency sort
+           this means the term is rare (fewer than ``limit`` hits in the probe), so the GIN
+           bitmap is small. For a ranked sort it runs only when phase 1's hit rate predicts at
+           most ``PHASE2_MAX_MATCHES`` older matches; otherwise the ranking covers the probe
+           window and the result says so (clamped).
+
+        Phase 0 needs statistics (ANALYZE; autovacuum keeps them fresh). Without them, or if
+        they are stale and a word grew common since, the cost is that word's GIN matches once,
+        never a plan that walks the table.
+        """
+        if spec.stemmed:
+            rendered = self._stemmed_tsquery(conn, spec, roles)
+            if rendered is None:  # a word that must match is a stop word of the configuration
+                return [], False
+            # Stemmed searches are the any-word part's per-word lookups of words that are not
+            # common: the GIN index at once (the statistics are the exact column's, not these).
+            q = self._phase_query(spec, base, ts_col, roles, stemmed=rendered)
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
+        q = self._phase_query(spec, base, ts_col, roles)
+        estimated = estimated_matches(spec.query, q.scope, self._lexeme_stats(conn, base))
+        if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
+        rows, found = self._probe_phase(conn, q)
+        if len(found) >= q.need:
+            return found, spec.ranked
+        return self._older_phase(conn, q, spec, len(rows), found)
+
+    def _stemmed_tsquery(self, conn: Connection, spec: SearchSpec, roles: Sequence[str]) -> tuple[str, str] | None:
+        """(the query with its scope, without it) for ``search_stems``: each term stemmed by
+        the server's ``english`` configuration (the one that built the column), assembled like
+        :func:`render_tsquery`. None when a group that must match has no lexeme left."""
+        terms = [*spec.query.positive_terms(), *spec.query.negatives]
+        sources = [" <-> ".join(f"'{tok}'" for tok in t.tokens) + (":*" if t.prefix else "") for t in terms]
+        unknown = [src for src in dict.fromkeys(sources) if src not in self._stems]
+        if unknown:  # the configuration is fixed: a word's stemmed query never changes
+            if len(self._stems) > STEM_CACHE_SIZE:
+                self._stems.clear()
+            self._stems.update(zip(unknown, (r[0] for r in conn.execute(text(
+                "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
+                "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": unknown}).all()), strict=True))
+        stemmed = {t: self._stems[src] for t, src in zip(terms, sources, strict=True)}
+        groups = []
+        for group in spec.query.groups:
+            either = [f"({stemmed[t]})" for t in group if stemmed[t]]
+            if not either:
+                return None
+            groups.append(either[0] if len(either) == 1 else "(" + " | ".join(either) + ")")
+        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        parts = [*groups, *(_quote("§" + tok) for tok in scope)]
+        if roles:
+            parts.append("(" + " | ".join(_quote("§r:" + r) for r in roles) + ")")
+        parts += [f"!({stemmed[n]})" for n in spec.query.negatives if stemmed[n]]
+        return " & ".join(parts), " & ".join(groups)
+
+    @staticmethod
+    def _phase_query(spec: SearchSpec, base: str, ts_col: str, roles: Sequence[str],
+                     stemmed: tuple[str, str] | None = None) -> _PhaseQuery:
+        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        column = "search_stems" if stemmed is not None else "search_vector"
+        source, vector = f"{base} t", f"t.{column}"
+        if stemmed is not None and base == "lcm_messages":  # stemmed after the turn (0012)
+            source, vector = "lcm_message_stems st JOIN lcm_messages t ON t.id = st.message_id", "st.search_stems"
+        params: dict[str, Any] = {"q": stemmed[0] if stemmed else render_tsquery(spec.query, scope, roles),
+                                  "probe": PROBE_ROWS, "sid": spec.session_pk, "aid": spec.agent_pk}
+        score = "NULL::real"
+        if spec.ranked:
+            params["bq"] = stemmed[1] if stemmed else render_tsquery(spec.query, with_negatives=False)
+            score = f"ts_rank_cd({vector}, CAST(:bq AS tsquery), 1)"
+        filters, filter_params = post_filters(spec, ts_col)
+        params.update(filter_params)
+        # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
+        # (all sessions) by the primary key.
+        session_scoped = spec.session_pk is not None
+        return _PhaseQuery(
+            base=base, scope=scope, score=score, filters=filters, params=params,
+            platform_join="JOIN lcm_sessions s ON s.id = t.session_id " if spec.platform is not None else "",
+            need=spec.window if spec.ranked else spec.limit, ranked=spec.ranked, column=column,
+            source=source, vector=vector,
+            order_col="seq" if session_scoped and base == "lcm_messages" else "id",
+            where_scope="WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid ")
+
+    @staticmethod
+    def _probe_phase(conn: Connection, q: _PhaseQuery) -> tuple[Sequence[Any], list[Candidate]]:
+        """Phase 1: every match inside the newest ``PROBE_ROWS`` rows of the scope (the rows
+        matched, filters not applied, are the hit-rate sample; and the candidates).
+
+        The predicate is applied to a LIMITed subquery, which no index can answer: the window
+        is scanned row by row, whatever the statistics say. A plain recency search needs no hit
+        rate and stops at its `limit`-th match (LIMIT NULL: no limit); it is ordered by the
+        window's own order (a session's seq rises with its ids), so no sort has to read the
+        whole window first."""
+        window = f"SELECT * FROM {q.base} {q.where_scope}ORDER BY {q.order_col} DESC LIMIT :probe"
+        params = {**q.params, "first": q.need if not q.ranked and not q.filters else None}
+        rows = conn.execute(text(
+            f"SELECT t.id, {q.score}, ({' AND '.join(q.filters) or 'TRUE'}) AS keep "
+            f"FROM ({window}) t {q.platform_join}"
+            f"WHERE t.{q.column} @@ CAST(:q AS tsquery) ORDER BY t.{q.order_col} DESC LIMIT :first"),
+            params).all()
+        return rows, [Candidate(int(r[0]), _score(r[1])) for r in rows if r[2]][:q.need]
+
+    def _older_phase(self, conn: Connection, q: _PhaseQuery, spec: SearchSpec, sampled: int,
+                     found: list[Candidate]) -> tuple[list[Candidate], bool]:
+        """Phase 2: the GIN index over the rows older than the probe window, when the probe's
+        hit rate says the older matches are few enough (else the result says it is clamped)."""
+        floor_id, scanned = conn.execute(text(
+            f"SELECT min(id), count(*) FROM (SELECT id FROM {q.base} {q.where_scope}"
+            f"ORDER BY {q.order_col} DESC LIMIT :probe) w"), q.params).one()
+        if scanned < PROBE_ROWS or floor_id is None:
+            return found, False  # the window held the whole scope: nothing older to search
+        older_rows = self._older_rows(conn, q.base, spec, floor_id)
+        expected = sampled / scanned * older_rows  # phase 1's hit rate, applied to the rest
+        if (spec.ranked or q.filters) and expected > PHASE2_MAX_MATCHES:
+            return found, True
+        found = found + self._gin_phase(conn, q, floor_id, q.need - len(found))
+        return found, spec.ranked and len(found) >= q.need
+
+    @staticmethod
+    def _gin_phase(conn: Connection, q: _PhaseQuery, floor_id: int | None, need: int) -> list[Candidate]:
+        """The newest ``need`` matches (below ``floor_id`` if given) through the GIN index.
+
+        The matches, with their score and filters computed from the row the bitmap scan
+        already holds, are materialized before anything is ordered, and `id + 0` keeps the
+        primary key out of that scan, so a rare term costs its few matches. (Reads run in
+        autocommit, where SET LOCAL does nothing: the plan is fenced by the query's shape. An
+        earlier join back to the table let the planner walk the primary key from the newest
+        row instead: 115k rows read for 867 matches at 1M messages.)
+        """
+        below = " AND t.id + 0 < :floor" if floor_id is not None else ""
+        rows = conn.execute(text(
+            f"WITH g AS MATERIALIZED (SELECT t.id, {q.score} AS score FROM {q.source} {q.platform_join}"
+            f"WHERE {q.vector} @@ CAST(:q AS tsquery){below}"
+            f"{''.join(' AND ' + f for f in q.filters)}) "
+            "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
+            {**q.params, "floor": floor_id, "need": need}).all()
+        return [Candidate(int(r[0]), _score(r[1])) for r in rows]
+
+    def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:
+        """The table's most common lexemes and their row frequencies (cached ``STATS_TTL_S``)."""
+        now = time.monotonic()
+        cached = self._stats_cache.get(base)
+        if cached is not None and now - cached[0] < STATS_TTL_S:
+            return cached[1]
+        row = conn.execute(text(
+            "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples "
+            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "AND s.tablename = c.relname AND s.attname = 'search_vector' "
+            "WHERE c.oid = to_regclass(:t)"), {"t": base}).first()
+        stats = None
+        if row is not None and row[0] and row[1] and row[2] is not None and row[2] > 0:
+            elems, freqs = list(row[0]), [float(x) for x in row[1]]
+            # The frequencies list ends with the minimum, the maximum and the null frequency.
+            stats = LexemeStats(dict(zip(elems, freqs, strict=False)), freqs[len(elems)], float(row[2]))
+        self._stats_cache[base] = (now, stats)
+        return stats
+
+    @staticmethod
+    def _older_rows(conn: Connection, base: str, spec: SearchSpec, floor_id: int) -> int:
+        """Rows of the scope below the probe window, from counters rather than a scan."""
+        if base == "lcm_messages":
+            if spec.session_pk is not None:  # seq is gapless per session
+                return int(conn.execute(text("SELECT seq - 1 FROM lcm_messages WHERE id = :floor"),
+                                        {"floor": floor_id}).scalar_one())
+            total = conn.execute(text(
+                "SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :aid"),
+                {"aid": spec.agent_pk}).scalar_one()
+            return max(0, int(total) - PROBE_ROWS)
+        scope = "session_id = :sid" if spec.session_pk is not None else "agent_id = :aid"
+        return int(conn.execute(text(  # summaries are few
+            f"SELECT count(*) FROM {base} WHERE {scope} AND id < :floor"),
+            {"sid": spec.session_pk, "aid": spec.agent_pk, "floor": floor_id}).scalar_one())
+
+    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+        """From ANALYZE's lexeme statistics (cached): a phrase is as rare as its rarest word."""
+        if term.prefix:
+            return None
+        stats = self._lexeme_stats(conn, f"lcm_{kind}")
+        if stats is None:
+            return None
+        return min(stats.freq(tok) for tok in term.tokens) * stats.rows
+
+
+def _score(raw: Any) -> float | None:
+    return None if raw is None else float(raw)
