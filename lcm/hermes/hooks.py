@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lcm.hermes.engine import LcmEngine
-
-_LIVE: weakref.WeakSet[LcmEngine] = weakref.WeakSet()
+from typing import Any, Protocol
 
 
-def track(engine: LcmEngine) -> None:
+class RequestListener(Protocol):
+    """What hears a request's system prompt (``lcm.hermes.engine.LcmEngine``, which imports this
+    module: the hooks know the engine only by this method)."""
+
+    def observe_request(self, session_id: str, system: Mapping[str, Any]) -> None: ...
+
+
+_LIVE: weakref.WeakSet[RequestListener] = weakref.WeakSet()
+
+
+def track(engine: RequestListener) -> None:
     """An engine that bound a host session: it hears that session's requests."""
     _LIVE.add(engine)
 

@@ -12,30 +12,9 @@ engines and agents share it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
 
 from lcm.config import LcmConfig
-from lcm.errors import LcmError
-
-if TYPE_CHECKING:
-    from lcm.vectors import Matrix
-
-
-class EmbeddingError(LcmError):
-    """An embedder failed (endpoint down, refused, timed out, unreadable answer, model missing)."""
-
-
-class Embedder(Protocol):
-    """Something that turns texts into unit-length float32 vectors."""
-
-    @property
-    def model(self) -> str:
-        """The name recorded with every vector it makes: vectors of two models never mix."""
-
-    def embed(self, texts: Sequence[str], *, timeout: float | None = None) -> Matrix:
-        """One unit-length row per text; raises EmbeddingError."""
-
+from lcm.context.embed.protocol import Embedder
 
 _SHARED: dict[tuple[object, ...], Embedder] = {}
 _SHARED_LOCK = threading.Lock()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lcm.context.embed.embedder import Embedder
+from lcm.context.embed.protocol import Embedder
 from lcm.context.ports import VectorPort
 from lcm.vectors import numpy
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcm.context.embed.embedder import EmbeddingError
+from lcm.context.embed.protocol import EmbeddingError
 from lcm.vectors import embed_text, numpy, unit_rows
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lcm.context.embed.embedder import EmbeddingError
+from lcm.context.embed.protocol import EmbeddingError
 from lcm.context.summarize.routes import RouteError, bounded_call, post_json, sendable
 from lcm.vectors import embed_text, numpy, unit_rows
 
