@@ -8,6 +8,7 @@
     python -m benchmarks --only recall    # questions in plain words: recall@5/10 against bm25s
     python -m benchmarks --only fleet     # 1-32 agent processes on one database, against raw commits
     python -m benchmarks --only ui        # lcm ui page times over HTTP on a big store
+    python -m benchmarks --only cli       # lcm --version / --help / a command, as whole processes
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -47,6 +48,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "recall": [{"messages": 2_000}],
         "fleet": [{"seconds": 2, "counts": [1, 2]}],
         "ui": [{"messages": 2_000, "sessions": 8, "runs": 3}],
+        "cli": [{"runs": 3}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -59,6 +61,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "recall": [{"messages": 10_000}, {"messages": 100_000}],
         "fleet": [{"seconds": 15}],
         "ui": [{"messages": 100_000, "sessions": 50}],
+        "cli": [{"runs": 15}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in

@@ -223,9 +223,24 @@ def ui(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def cli(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend: whole processes of the command line, with the interpreter as the baseline."""
+    specs = []
+    for r in results:
+        commands = r["commands"]
+        base = commands["python -c pass (interpreter)"]["p50"]
+        spec = TableSpec(f"the command line's start-up, {r['backend']} (whole processes, s, {r['runs']} runs each)",
+                         ["command", "p50", "p90", "fastest", "p50 over the interpreter"], left=frozenset({"command"}),
+                         notes=["goal: lcm --version and lcm --help under 0.2 s"])
+        for name, t in commands.items():
+            spec.rows.append([name, f(t["p50"], 3), f(t["p90"], 3), f(t["min"], 3), f(t["p50"] - base, 3)])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui}
+    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from lcm.cli.common import emit_json, json_option, name_connections, require_existing, say, stderr, url_option
+from lcm.cli.common import emit_json, json_option, say, stderr, url_option
+from lcm.cli.guard import name_connections
+from lcm.cli.stores import require_existing
 from lcm.errors import ConfigError
 from lcm.store import connection as dbmod
 from lcm.store import migrations

@@ -18,8 +18,9 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_context, say, show_table, url_option, when
+from lcm.cli.common import emit_json, json_option, say, show_table, url_option, when
 from lcm.cli.recall import full_message, whole_field
+from lcm.cli.stores import open_context
 from lcm.cli.transfer import import_plans
 from lcm.demo.generate import BRIDGE_CODE, DEMO_QUERY
 from lcm.tools import call_tool

@@ -11,7 +11,8 @@ import time
 
 import click
 
-from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, url_option
+from lcm.cli.common import emit_json, json_option, progress_bar, say, url_option
+from lcm.cli.stores import open_store
 from lcm.config import LcmConfig
 from lcm.context.embed import backfill, embedder_for
 from lcm.errors import ConfigError

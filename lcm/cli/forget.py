@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from lcm.cli.common import agent_option, context_on, emit_json, json_option, open_store, say, stderr, url_option
+from lcm.cli.common import agent_option, emit_json, json_option, say, stderr, url_option
+from lcm.cli.stores import context_on, open_store
 from lcm.errors import ConfigError
 from lcm.store.forget import ForgetPlan, ForgetSelector
 from lcm.tools.args import parse_timestamp_arg

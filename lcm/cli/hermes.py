@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from lcm.cli.common import emit_json, json_option, name_connections, say, stderr
+from lcm.cli.common import emit_json, json_option, say, stderr
+from lcm.cli.guard import name_connections
 from lcm.hermes.install import SetupReport, default_home, install, uninstall
 
 

@@ -9,7 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import context_on, emit_json, json_option, open_store, say, show_table, url_option
+from lcm.cli.common import emit_json, json_option, say, show_table, url_option
+from lcm.cli.stores import context_on, open_store
 from lcm.cli.transfer import DEFAULT_CONTEXT, import_plans, ingest_command
 from lcm.importers import read_hermes_state
 from lcm.transfer import SessionPlan

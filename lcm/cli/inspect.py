@@ -10,17 +10,8 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from lcm.cli.common import (
-    agent_option,
-    context_on,
-    emit_json,
-    json_option,
-    open_context,
-    open_store,
-    say,
-    show_table,
-    url_option,
-)
+from lcm.cli.common import agent_option, emit_json, json_option, say, show_table, url_option
+from lcm.cli.stores import context_on, open_context, open_store
 from lcm.errors import ConfigError
 from lcm.tools import call_tool
 from lcm.tools.health import health_report

@@ -8,7 +8,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, open_store, progress_bar, say, show_table, stderr, url_option
+from lcm.cli.common import emit_json, json_option, progress_bar, say, show_table, stderr, url_option
+from lcm.cli.stores import open_store
 from lcm.store import Store
 from lcm.store import connection as db
 from lcm.store.sync import SessionPlan, StoreSync, SyncReport

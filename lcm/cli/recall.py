@@ -23,10 +23,7 @@ from lcm.cli.common import (
     emit_json,
     emit_tsv,
     json_option,
-    latest_session_key,
     marked,
-    open_context,
-    open_store,
     progress_bar,
     say,
     show_table,
@@ -35,6 +32,7 @@ from lcm.cli.common import (
     url_option,
     when,
 )
+from lcm.cli.stores import latest_session_key, open_context, open_store
 from lcm.context.session import ContextSession
 from lcm.tools import call_tool
 

@@ -11,18 +11,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import (
-    agent_option,
-    context_on,
-    emit_json,
-    json_option,
-    open_store,
-    progress_bar,
-    say,
-    show_table,
-    stderr,
-    url_option,
-)
+from lcm.cli.common import agent_option, emit_json, json_option, progress_bar, say, show_table, stderr, url_option
+from lcm.cli.stores import context_on, open_store
 from lcm.context.embed import backfill
 from lcm.context.session import ContextSession
 from lcm.errors import ConfigError

@@ -8,7 +8,8 @@ from importlib.util import find_spec
 
 import click
 
-from lcm.cli.common import emit_json, json_option, require_existing, say, url_option
+from lcm.cli.common import emit_json, json_option, say, url_option
+from lcm.cli.stores import require_existing
 from lcm.errors import ConfigError
 from lcm.store import Store
 from lcm.store import connection as db

@@ -50,4 +50,4 @@ def test_only_lcm_config_reads_the_environment():
     root = Path(config.__file__).parent
     readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      if p.name != "config.py" and ("os.environ" in p.read_text() or "getenv" in p.read_text()))
-    assert readers == ["cli/common.py"]
+    assert readers == ["cli/guard.py"]
