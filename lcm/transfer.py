@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from lcm.context.ingest import message_key, meta_key
+from lcm.context.alignment import message_key, meta_key
 from lcm.context.ports import StorePorts
 from lcm.errors import InvalidMessageError, LcmError
 from lcm.messages import content_hash, encode_message, parse_timestamp

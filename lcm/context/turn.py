@@ -18,11 +18,12 @@ from dataclasses import replace
 from typing import Any
 
 from lcm.config import LcmConfig
+from lcm.context.alignment import message_key
 from lcm.context.assembly import Assembly, LeftOut, assemble, load_raw
 from lcm.context.budget import NO_TARGET, Window, context_estimate, planning_config
 from lcm.context.compactor import CompactionResult, Compactor
 from lcm.context.filters import Rule
-from lcm.context.ingest import Ingestor, IngestResult, message_key, with_exact_counts
+from lcm.context.ingest import Ingestor, IngestResult, with_exact_counts
 from lcm.context.lineage import inherited, inherited_records
 from lcm.context.planning import TailPlan, condensable, tail_start_index
 from lcm.context.ports import StorePorts
