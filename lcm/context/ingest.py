@@ -16,15 +16,15 @@ message: it is stored as well as it can be, with the change recorded on the row.
 
 Alignment (its decisions are in ``lcm.context.alignment``), decided under the lock of the
 session's family (``store.sessions.family``: a row lock on PostgreSQL, the write lock on
-SQLite), against what is stored, never against this process's memory alone. What the host's transcript proves comes first, checked against the
-store (issue 30): a host that holds the context lcm handed it (plus new messages) has its held
-messages where they were stored, and only what follows is matched, from the stored message
-after its last one (``Held``); lcm's summary message at the head of a transcript names the
-session and message it stands in for, so the conversation after it continues there
-(``Covered``: a restarted host reloading the list it kept, in a fork, say). Otherwise the
-transcript is matched against the stored history (the session's newest messages, reaching back
-to where the host's view starts, ``host_view_seq``, and for a fork into its parent's messages
-up to the fork point):
+SQLite), against what is stored, never against this process's memory alone. What the host's
+transcript proves comes first, checked against the store (issue 30): a host that holds the
+context lcm handed it (plus new messages) has its held messages where they were stored, and
+only what follows is matched, from the stored message after its last one (``Held``); lcm's
+summary message at the head of a transcript names the session and message it stands in for,
+so the conversation after it continues there (``Covered``: a restarted host reloading the list
+it kept, in a fork, say). Otherwise the transcript is matched against the stored history (the
+session's newest messages, reaching back to where the host's view starts, ``host_view_seq``,
+and for a fork into its parent's messages up to the fork point):
 
 * its first matching message is the start of the longest run of consecutive matches (a host
   resumed with the tail of a long session starts anywhere); earlier messages the store does
