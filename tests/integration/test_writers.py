@@ -17,6 +17,7 @@ from lcm.context.ingest import Ingestor
 from lcm.engine import LcmEngine
 from lcm.store import Store
 from tests.support import workers
+from tests.support.storing import lineage_of
 
 SYSTEM = {"role": "system", "content": "You are a test agent."}
 
@@ -241,18 +242,10 @@ def test_processes_with_diverging_transcripts_each_keep_their_own(db_url):
     assert total == len(common) + 3 * sum(len(workers.turn("x", i)) for i in range(1, turns))
     for worker, session_key in results:
         own = [m for i in range(1, turns) for m in workers.turn(worker, i)]
-        assert lineage(store, store.sessions.find("default", session_key)) == common + own, worker
+        assert lineage_of(store, store.sessions.find("default", session_key)) == common + own, worker
     for key, messages in stored.items():  # no session mixes two hosts' own turns
         hosts = {w for w, _ in results if any(f"from {w}" in str(m.get("content")) for m in messages)}
         assert len(hosts) <= 1, (key, hosts)
-
-
-def lineage(store: Store, session) -> list[dict]:
-    """A session's conversation: its parent's up to the fork point, then its own."""
-    own = rows(store, session.id)
-    if session.parent_id is None:
-        return own
-    return lineage(store, store.sessions.get(session.parent_id))[: session.fork_seq] + own
 
 
 def test_a_bad_message_is_counted_when_another_writer_forced_a_full_alignment(db_url):

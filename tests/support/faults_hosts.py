@@ -36,6 +36,8 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tests.support.storing import family_of, lineage_of, stored_rows
+
 #: The window every host runs with: compaction every few turns.
 WINDOW = 4000
 #: Every this many turns a tool result far larger than the window (handed back cut).
@@ -194,28 +196,6 @@ def _tree(scripts: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def _family(store: Any, agent: str, key: str) -> list[Any]:
-    out, todo = [], [store.sessions.find(agent, key)]
-    while todo:
-        s = todo.pop()
-        out.append(s)
-        todo.extend(store.sessions.forks(s.id))
-    return out
-
-
-def _rows(store: Any, session: Any) -> list[dict[str, Any]]:
-    return [r.message for r in store.messages.get_range(session.id, limit=1_000_000)]
-
-
-def _lineage(store: Any, session: Any, upto: int | None = None) -> list[dict[str, Any]]:
-    """A session's conversation: its parent's up to the fork point (the parent's own seq), then
-    its own messages (up to its seq ``upto``)."""
-    own = _rows(store, session)[:upto]
-    if session.parent_id is None:
-        return own
-    return _lineage(store, store.sessions.get(session.parent_id), session.fork_seq) + own
-
-
 def run(url: str, hosts: Sequence[Host], turns: int, executor: Executor, *, key: str | None = None) -> Figures:
     """One run: the hosts on one new session at once; what was stored, counted."""
     from lcm.store import Store
@@ -226,20 +206,20 @@ def run(url: str, hosts: Sequence[Host], turns: int, executor: Executor, *, key:
     futures = [executor.submit(run_host, url, key, h, turns, start_at) for h in hosts]
     results = [f.result(timeout=600) for f in futures]
     store = Store.open(url)
-    sessions = _family(store, "default", key)
-    stored = [m for s in sessions for m in _rows(store, s)]
+    sessions = family_of(store, "default", key)
+    stored = [m for s in sessions for m in stored_rows(store, s)]
     scripts = {h.name: h.script(turns) for h in hosts}
     agree = all(h.own_from is None for h in hosts)
     if agree:
         expected = scripts[hosts[0].name]
         misplaced = sum(s.message_count for s in sessions if s.parent_id is not None)
-        main = _rows(store, sessions[0])
+        main = stored_rows(store, sessions[0])
         misplaced += sum(1 for a, b in zip(main, expected, strict=False) if a != b)
     else:
         expected = _tree(scripts.values())
         misplaced = 0
         for r in results:
-            line = _lineage(store, store.sessions.find("default", r["session_key"]))
+            line = lineage_of(store, store.sessions.find("default", r["session_key"]))
             want = scripts[r["host"]]
             misplaced += sum(1 for a, b in zip(line, want, strict=False) if a != b) + abs(len(line) - len(want))
     want, have = Counter(map(_key, expected)), Counter(map(_key, stored))

@@ -22,26 +22,11 @@ from concurrent.futures import ProcessPoolExecutor
 from lcm.store import Store
 from lcm.store import connection as db
 from tests.support import workers
+from tests.support.storing import family_of, lineage_of
 
 
 def _key(m: dict) -> str:
     return json.dumps(m, sort_keys=True)
-
-
-def _lineage(store: Store, session) -> list[dict]:
-    own = [r.message for r in store.messages.get_range(session.id, limit=1_000_000)]
-    if session.parent_id is None:
-        return own
-    return _lineage(store, store.sessions.get(session.parent_id))[: session.fork_seq] + own
-
-
-def _family(store: Store, agent: str, key: str) -> list:
-    out, todo = [], [store.sessions.find(agent, key)]
-    while todo:
-        s = todo.pop()
-        out.append(s)
-        todo.extend(store.sessions.forks(s.id))
-    return out
 
 
 def run(url: str, turns: int) -> list[dict]:
@@ -55,10 +40,10 @@ def run(url: str, turns: int) -> list[dict]:
         list(ex.map(workers.host_same_transcript, [url] * 4, [key] * 4, [turns] * 4, range(4), [start] * 4))
     store = Store.open(url)
     expected = [m for i in range(turns) for m in workers.turn("shared", i)]
-    sessions = _family(store, "default", key)
+    sessions = family_of(store, "default", key)
     stored = [r.message for s in sessions for r in store.messages.get_range(s.id, limit=1_000_000)]
     rows.append(_figures("same transcript, 4 processes", expected, stored,
-                         misplaced=0 if _lineage(store, sessions[0]) == expected else 1,
+                         misplaced=0 if lineage_of(store, sessions[0]) == expected else 1,
                          sessions=len(sessions)))
     # diverging transcripts
     key = f"div-{time.time_ns()}"
@@ -68,12 +53,12 @@ def run(url: str, turns: int) -> list[dict]:
                               [f"h{w}" for w in range(3)], [turns] * 3, [start] * 3))
     common = workers.turn("common", 0)
     expected = common + [m for w, _ in results for i in range(1, turns) for m in workers.turn(w, i)]
-    sessions = _family(store, "default", key)
+    sessions = family_of(store, "default", key)
     stored = [r.message for s in sessions for r in store.messages.get_range(s.id, limit=1_000_000)]
     misplaced = 0
     for worker, session_key in results:
         own = common + [m for i in range(1, turns) for m in workers.turn(worker, i)]
-        line = _lineage(store, store.sessions.find("default", session_key))
+        line = lineage_of(store, store.sessions.find("default", session_key))
         misplaced += sum(1 for a, b in zip(line, own, strict=False) if a != b) + abs(len(line) - len(own))
     rows.append(_figures("diverging transcripts, 3 processes", expected, stored, misplaced=misplaced,
                          sessions=len(sessions)))
