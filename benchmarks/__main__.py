@@ -9,6 +9,7 @@
     python -m benchmarks --only fleet     # 1-32 agent processes on one database, against raw commits
     python -m benchmarks --only ui        # lcm ui page times over HTTP on a big store
     python -m benchmarks --only cli       # lcm --version / --help / a command, as whole processes
+    python -m benchmarks --only locomo    # lcm_grep recall@5/10 on LoCoMo conversations (LCM_LOCOMO_DIR)
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -49,6 +50,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "fleet": [{"seconds": 2, "counts": [1, 2]}],
         "ui": [{"messages": 2_000, "sessions": 8, "runs": 3}],
         "cli": [{"runs": 3}],
+        "locomo": [{}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -62,6 +64,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "fleet": [{"seconds": 15}],
         "ui": [{"messages": 100_000, "sessions": 50}],
         "cli": [{"runs": 15}],
+        "locomo": [{}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in
@@ -133,6 +136,10 @@ def main() -> None:
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {}
     for phase in phases:
+        if phase == "locomo" and not os.environ.get("LCM_LOCOMO_DIR"):
+            console.print("[yellow]locomo skipped: LCM_LOCOMO_DIR is not set (the folder of LoCoMo <id>.json "
+                          "files; .ci/run sets it when the data is beside the checkout)[/]")
+            continue
         for params in plan[phase]:
             for backend in backends:
                 results.setdefault(phase, []).append(run_worker(phase, backend, params))

@@ -238,9 +238,32 @@ def cli(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def locomo(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend: recall@5 / recall@10 on LoCoMo per mode, overall, per category and per conversation."""
+    specs = []
+    for r in results:
+        keys = ["all", "single-hop", "multi-hop", "temporal", "open-domain", *r["conversations"]]
+        first = r["rows"][0]["classes"]
+        keys = [k for k in keys if k in first]
+        spec = TableSpec(
+            f"LoCoMo recall, {r['backend']}: {r['questions']} questions over {r['messages']:,} turns of "
+            f"{len(r['conversations'])} conversations (recall@5 / recall@10)",
+            ["mode", *(f"{k} ({first[k]['questions']})" for k in keys), "p50 ms", "p95 ms"],
+            left=frozenset({"mode"}),
+            notes=["each question as asked through lcm_grep (session_scope all, sort relevance); a hit is an evidence "
+                   "turn among the top k; bm25s: a plain BM25 index over the same turns, same run; stored as the "
+                   "held-back measurement stores them (one agent per conversation, one session per LoCoMo session)"])
+        for row in r["rows"]:
+            c = row["classes"]
+            spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in keys),
+                              f(row["latency_ms"]["p50"], 1), f(row["latency_ms"]["p95"], 1)])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli}
+    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -49,6 +49,13 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert "where the per-turn gap to the raw driver goes" in done.stdout
     for r in results["compaction"]:
         assert r["compacted"] > 0.9 * r["messages"] and r["depths"].get("d0")
+    if os.environ.get("LCM_LOCOMO_DIR"):  # real conversations (.ci/run sets it when the data is there)
+        for r in results["locomo"]:
+            assert r["questions"] > 300 and {row["mode"] for row in r["rows"]} >= {"full_text", "bm25s"}
+            full_text = next(row for row in r["rows"] if row["mode"] == "full_text")
+            assert full_text["classes"]["all"]["recall@10"] > 0.5
+    else:
+        assert "locomo skipped: LCM_LOCOMO_DIR is not set" in done.stdout
     for r in results["startup"]:
         assert r["messages"] > 0 and r["first_turn_s"] > 0
     for r in results["cache"]:  # lcm and Hermes' compressor on one transcript, with and without idle gaps
