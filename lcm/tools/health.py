@@ -73,7 +73,9 @@ def embeddings_report(context: ContextSession) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": context.config.embeddings_mode, **coverage.as_dict()}
     indexer = context.indexer
     if indexer is not None:
-        out["indexer"] = {"embedded": indexer.embedded, "last_error": indexer.last_error}
+        busy = indexer.busy_for()
+        out["indexer"] = {"embedded": indexer.embedded, "last_error": indexer.last_error,
+                          "busy_seconds": None if busy is None else round(busy, 1)}
     return out
 
 
@@ -128,8 +130,14 @@ def config_checks(context: ContextSession) -> list[CheckResult]:
     return out
 
 
+#: Vectors missing while the running engine's background embedder has had work for less than
+#: this long are the normal lag after a turn, not a problem (older gaps are).
+PENDING_GRACE_SECONDS = 60.0
+
+
 def embeddings_check(context: ContextSession) -> CheckResult:
-    """Missing vectors, vectors of another model, and a failing embedder."""
+    """Missing vectors (beyond the background embedder's normal lag), vectors of another
+    model, and a failing embedder."""
     try:
         report = embeddings_report(context)
     except LcmError as exc:
@@ -138,7 +146,12 @@ def embeddings_check(context: ContextSession) -> CheckResult:
         return CheckResult("embeddings", "ok", "off: search is full text (LCM_EMBEDDINGS=local with the "
                                                "[semantic] extra adds semantic and hybrid search)")
     problems = []
-    if report["pending"]:
+    indexer = report.get("indexer") or {}
+    busy = indexer.get("busy_seconds")
+    # A running engine embeds what a turn stored a moment after it: a normal state, not a gap.
+    lagging = bool(report["pending"]) and busy is not None and busy < PENDING_GRACE_SECONDS and not (
+        indexer.get("last_error"))
+    if report["pending"] and not lagging:
         problems.append(f"{report['pending']} messages and summaries of agent {context.agent_id!r} have no "
                         f"vector of {report['model']} yet (run `lcm embed`; a running engine fills them in too)")
     if report["other_models"]:
@@ -150,6 +163,10 @@ def embeddings_check(context: ContextSession) -> CheckResult:
         problems.append(f"the background embedder is failing: {error}")
     if problems:
         return CheckResult("embeddings", "warn", "; ".join(problems))
+    if lagging:
+        return CheckResult("embeddings", "ok", f"{report['model']}: {report['pending']} messages and summaries "
+                                               "are being embedded now (the background embedder has had work "
+                                               f"for {busy:.0f} s)")
     return CheckResult("embeddings", "ok", f"{report['model']}: every message and summary has its vector "
                                            f"({report['messages_embedded']} messages, "
                                            f"{report['summaries_embedded']} summaries)")

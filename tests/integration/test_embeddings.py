@@ -250,3 +250,26 @@ def test_the_demo_brings_the_first_fact_back_with_hybrid_search(lcm, tmp_path, m
     code, out, err = lcm("demo", "--url", f"sqlite:///{tmp_path / 'demo.db'}")
     assert code == 0, err
     assert "byte-exact: yes" in out and "embedding with local:wordllama" in err + out
+
+
+def test_vectors_a_running_engine_is_still_embedding_are_no_warning(make_engine, llm, monkeypatch):
+    """Issue 36.5: right after a turn the background embedder is a moment behind; the doctor
+    says so as a normal state. A gap older than the grace period is a warning."""
+    from lcm.tools import health
+
+    llm.handler = lambda body: Reply(200, embeddings(body).body, delay=2.0)  # a slow endpoint
+    engine = make_engine(context_length=100_000, **openai_settings(llm))
+    chat_with(engine, ["the marmot deployment of 2019", "the budget review"])
+    checks = {c["name"]: c for c in call(engine, "lcm_doctor")["checks"]}
+    assert checks["embeddings"]["status"] == "ok", checks["embeddings"]
+    assert "being embedded now" in checks["embeddings"]["detail"]
+    assert call(engine, "lcm_status")["embeddings"]["indexer"]["busy_seconds"] is not None
+    monkeypatch.setattr(health, "PENDING_GRACE_SECONDS", 0.0)  # the same gap, past the grace period
+    checks = {c["name"]: c for c in call(engine, "lcm_doctor")["checks"]}
+    assert checks["embeddings"]["status"] == "warn" and "have no vector" in checks["embeddings"]["detail"]
+    monkeypatch.undo()
+    settle(engine)
+    checks = {c["name"]: c for c in call(engine, "lcm_doctor")["checks"]}
+    assert checks["embeddings"]["status"] == "ok" and "every message and summary has its vector" in (
+        checks["embeddings"]["detail"])
+    assert call(engine, "lcm_status")["embeddings"]["indexer"]["busy_seconds"] is None

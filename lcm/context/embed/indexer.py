@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -96,9 +97,19 @@ class BackgroundIndexer:
         self._idle.set()
         self.embedded = 0
         self.last_error: str | None = None
+        #: ``time.monotonic()`` when the work now in hand arrived (the first notify since the
+        #: indexer was last idle); None while idle.
+        self.busy_since: float | None = None
+
+    def busy_for(self) -> float | None:
+        """Seconds the indexer has had work in hand (None: idle, nothing pending for it)."""
+        since = self.busy_since
+        return None if since is None else time.monotonic() - since
 
     def notify(self) -> None:
         """New rows were committed: embed them soon (starts the thread when needed)."""
+        if self._idle.is_set():
+            self.busy_since = time.monotonic()
         self._idle.clear()
         self._wake.set()
         with self._lock:
@@ -135,6 +146,7 @@ class BackgroundIndexer:
                 self.last_error = None
                 failures = 0
                 if not self._wake.is_set():
+                    self.busy_since = None
                     self._idle.set()
             except Exception as exc:  # noqa: BLE001 - vectors are derived: a failure waits and retries
                 failures += 1
@@ -145,4 +157,5 @@ class BackgroundIndexer:
                 self._wake.set()
         with self._lock:
             self._thread = None
+        self.busy_since = None
         self._idle.set()
