@@ -160,28 +160,31 @@ def cache(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def recall_table(title: str, result: dict[str, Any], wanted: list[str], notes: list[str]) -> TableSpec:
+    """One recall table: a row per mode, recall@5 / recall@10 per class (of ``wanted`` the ones
+    measured), latency."""
+    first = result["rows"][0]["classes"]
+    keys = [k for k in wanted if k in first]
+    spec = TableSpec(title, ["mode", *(f"{k} ({first[k]['questions']})" for k in keys), "p50 ms", "p95 ms"],
+                     left=frozenset({"mode"}), notes=notes)
+    for row in result["rows"]:
+        c = row["classes"]
+        spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in keys),
+                          f(row["latency_ms"]["p50"], 1), f(row["latency_ms"]["p95"], 1)])
+    return spec
+
+
 def recall(results: list[dict[str, Any]]) -> list[TableSpec]:
     """Per backend and size: recall@5/@10 per question class and latency, per mode."""
-    specs = []
-    for r in results:
-        classes = [k for k in ("all", "named", "paraphrase", "temporal") if k in r["rows"][0]["classes"]]
-        spec = TableSpec(
-            f"recall of questions asked in plain words, {r['backend']}, {r['messages']:,} messages, "
-            f"{r['questions']} questions (recall@5 / recall@10)",
-            ["mode", *(f"{k} ({r['rows'][0]['classes'][k]['questions']})" for k in classes), "p50 ms", "p95 ms"],
-            left=frozenset({"mode"}),
-            notes=["full_text: lcm_grep with mode=full_text (every word, then any content word by BM25); "
-                   "semantic: nearest vectors of the bundled local model (extra: semantic); hybrid: both "
-                   "fused by reciprocal rank (the default with embeddings on); all_words: every word required "
-                   "(lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"
-                   + (f"; embedding the {r['messages']:,} messages (lcm embed) took {r['embed_s']:.1f} s "
-                      f"({r['messages'] / r['embed_s']:,.0f} messages/s)" if r.get("embed_s") else "")])
-        for row in r["rows"]:
-            c = row["classes"]
-            spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in classes),
-                              f(row["latency_ms"]["p50"], 1), f(row["latency_ms"]["p95"], 1)])
-        specs.append(spec)
-    return specs
+    return [recall_table(
+        f"recall of questions asked in plain words, {r['backend']}, {r['messages']:,} messages, "
+        f"{r['questions']} questions (recall@5 / recall@10)", r, ["all", "named", "paraphrase", "temporal"],
+        ["full_text: lcm_grep with mode=full_text (every word, then any content word by BM25); "
+         "semantic: nearest vectors of the bundled local model (extra: semantic); hybrid: both "
+         "fused by reciprocal rank (the default with embeddings on); all_words: every word required "
+         "(lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"
+         + (f"; embedding the {r['messages']:,} messages (lcm embed) took {r['embed_s']:.1f} s "
+            f"({r['messages'] / r['embed_s']:,.0f} messages/s)" if r.get("embed_s") else "")]) for r in results]
 
 
 def fleet(results: list[dict[str, Any]]) -> list[TableSpec]:
@@ -240,25 +243,14 @@ def cli(results: list[dict[str, Any]]) -> list[TableSpec]:
 
 def locomo(results: list[dict[str, Any]]) -> list[TableSpec]:
     """Per backend: recall@5 / recall@10 on LoCoMo per mode, overall, per category and per conversation."""
-    specs = []
-    for r in results:
-        keys = ["all", "single-hop", "multi-hop", "temporal", "open-domain", *r["conversations"]]
-        first = r["rows"][0]["classes"]
-        keys = [k for k in keys if k in first]
-        spec = TableSpec(
-            f"LoCoMo recall, {r['backend']}: {r['questions']} questions over {r['messages']:,} turns of "
-            f"{len(r['conversations'])} conversations (recall@5 / recall@10)",
-            ["mode", *(f"{k} ({first[k]['questions']})" for k in keys), "p50 ms", "p95 ms"],
-            left=frozenset({"mode"}),
-            notes=["each question as asked through lcm_grep (session_scope all, sort relevance); a hit is an evidence "
-                   "turn among the top k; bm25s: a plain BM25 index over the same turns, same run; stored as the "
-                   "held-back measurement stores them (one agent per conversation, one session per LoCoMo session)"])
-        for row in r["rows"]:
-            c = row["classes"]
-            spec.rows.append([row["mode"], *(f"{c[k]['recall@5']:.2f} / {c[k]['recall@10']:.2f}" for k in keys),
-                              f(row["latency_ms"]["p50"], 1), f(row["latency_ms"]["p95"], 1)])
-        specs.append(spec)
-    return specs
+    return [recall_table(
+        f"LoCoMo recall, {r['backend']}: {r['questions']} questions over {r['messages']:,} turns of "
+        f"{len(r['conversations'])} conversations (recall@5 / recall@10)", r,
+        ["all", "single-hop", "multi-hop", "temporal", "open-domain", *r["conversations"]],
+        ["each question as asked through lcm_grep (session_scope all, sort relevance); a hit is an evidence "
+         "turn among the top k; bm25s: a plain BM25 index over the same turns, same run; stored as the "
+         "held-back measurement stores them (one agent per conversation, one session per LoCoMo session)"])
+        for r in results]
 
 
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
