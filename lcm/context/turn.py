@@ -160,7 +160,8 @@ class Turns(ABC):
         """Store the transcript, compact as needed, return the context for the host.
 
         Returns ``messages`` itself (the host's "nothing to do") when nothing changes, when the
-        result would not be smaller, or when the host is behind the stored session.
+        result would not be smaller, or when the host's transcript does not end in the session.
+        A host behind the session's end is handed a context that ends where its transcript ends.
         """
         if self.rule != "store":
             self.record({"status": "not_needed", "reason": f"this session is not stored ({RULE_REASON[self.rule]}): "
