@@ -89,13 +89,10 @@ class IngestResult:
     added: int  # messages this call stored
     skipped: int = 0  # messages that cannot be stored at all, in this transcript
     forked: bool = False  # this call started a new fork
-    #: The transcript ends at the session's last stored message. False: the host is behind
-    #: what is stored (another writer, or a restarted host re-sending its history), and a
-    #: context assembled from the whole session would hand it messages it never had.
-    at_end: bool = True
     #: The seq in ``session`` of the transcript's last message: where the host's conversation
-    #: ends, so where a context handed back to it must end too. None when that message is not
-    #: in ``session`` (a host behind a fork point) or the transcript holds no conversation.
+    #: ends, so where a context handed back to it must end too (another writer may have stored
+    #: more since, which the host never had). None when that message is not in ``session`` (a
+    #: host behind a fork point) or the transcript holds no conversation.
     host_end: int | None = None
 
 
@@ -373,7 +370,7 @@ class Ingestor:
         return IngestResult(session=seen.session, system=seen.system, conversation=seen.objects,
                             store_ids=seen.store_ids, token_counts=seen.token_counts,
                             added=seen.added, skipped=seen.skipped,
-                            forked=seen.forked, at_end=seen.end_seq is not None,
+                            forked=seen.forked,
                             host_end=at[1] if at is not None and at[0] == seen.session.id else None)
 
 
