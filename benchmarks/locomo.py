@@ -22,12 +22,11 @@ import json
 import os
 import re
 import time
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import append_messages, summary_ms
-from lcm.config import LcmConfig
+from lcm.config import LcmConfig, local_model_installed
 from lcm.context.embed import backfill
 from lcm.engine import LcmEngine
 from lcm.store import Store
@@ -70,7 +69,7 @@ def run(backend: str, url: str, *, data: str | None = None) -> dict[str, Any]:
 
     folder = data_dir(data)
     store = Store.open(url, upgrade=True)
-    semantic = find_spec("wordllama") is not None
+    semantic = local_model_installed()
     modes = ("full_text", "semantic", "hybrid") if semantic else ("full_text",)
     ranks: dict[str, dict[str, list[int]]] = {m: {} for m in (*modes, "bm25s")}
     latency: dict[str, list[float]] = {m: [] for m in (*modes, "bm25s")}

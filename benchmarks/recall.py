@@ -25,11 +25,10 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from importlib.util import find_spec
 from typing import Any
 
 from benchmarks.common import append_messages, summary_ms
-from lcm.config import LcmConfig
+from lcm.config import LcmConfig, local_model_installed
 from lcm.context.embed import backfill
 from lcm.engine import LcmEngine
 from lcm.store import Store
@@ -255,7 +254,7 @@ def run(backend: str, url: str, *, messages: int = 10_000) -> dict[str, Any]:
             ids += append_messages(store, record.id, session[b:b + BATCH]).store_ids
     store.health.optimize()  # what `lcm ingest` does after an import: statistics, GIN pending lists merged
     load_s = time.perf_counter() - started
-    semantic = find_spec("wordllama") is not None
+    semantic = local_model_installed()
     engine = LcmEngine(LcmConfig.from_env({}, database_url=url, agent_id=AGENT,
                                           embeddings="local" if semantic else "off"))
     engine.on_session_start("chat-00000")

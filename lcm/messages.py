@@ -20,6 +20,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -133,10 +134,41 @@ def make_storable(message: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     return fixed, problems
 
 
+#: The tags around an auto-recall block (``lcm.tools.autorecall``): a host puts the block into
+#: the API copy of a user message (Hermes' ``api_content``) or, a simpler host, into its content,
+#: and may send it back; lcm never stores it as conversation.
+RECALL_OPEN = "<lcm_recall"
+RECALL_CLOSE = "</lcm_recall>"
+_RECALL_BLOCK = re.compile(r"(?:\n\n)?<lcm_recall(?: [^>\n]*)?>\n.*?\n</lcm_recall>", re.DOTALL)
+
+
+def strip_recall_blocks(text: str) -> str:
+    """``text`` without the auto-recall blocks lcm added to it (with the blank line before each)."""
+    return _RECALL_BLOCK.sub("", text) if RECALL_OPEN in text else text
+
+
+def _without_recall(message: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The message with lcm's recall blocks taken out of its text (None: it has none). A sidecar
+    (``api_content``) that is then the content again is dropped: it only carried the block."""
+    content, api = message.get("content"), message.get("api_content")
+    if not ((isinstance(content, str) and RECALL_OPEN in content) or (isinstance(api, str) and RECALL_OPEN in api)):
+        return None
+    out = dict(message)
+    if isinstance(content, str):
+        out["content"] = strip_recall_blocks(content)
+    if isinstance(api, str):
+        out["api_content"] = strip_recall_blocks(api)
+        if out["api_content"] in ("", out.get("content")):
+            del out["api_content"]
+    return out
+
+
 def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """The message as lcm stores and returns it: host bookkeeping markers removed."""
+    """The message as lcm stores and returns it: host bookkeeping markers and lcm's own recall
+    blocks removed."""
     if not isinstance(message, Mapping):
         raise InvalidMessageError(f"a message must be a JSON object, got {type(message).__name__}")
+    message = _without_recall(message) or message
     if HOST_MARKER_KEYS.isdisjoint(message.keys()):
         return dict(message)
     return {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
@@ -160,6 +192,8 @@ def substance(message: Mapping[str, Any]) -> dict[str, Any]:
     ``finish_reason`` when it reloads a session, adds ``tool_name``, stamps ``api_content`` —
     and must not turn one message into two."""
     content = message.get("content")
+    if isinstance(content, str):
+        content = strip_recall_blocks(content)
     out: dict[str, Any] = {"role": message.get("role"),
                            "content": None if content in (None, "", []) else content}
     calls = message.get("tool_calls")

@@ -102,6 +102,7 @@ def decompress_payload(data: bytes) -> str:
 def prepare_message(message: Mapping[str, Any], tokens: TokenCounter,
                     recall_ids: Collection[str] = frozenset()) -> PreparedMessage:
     """One message (see :func:`prepare_messages`)."""
+    message = clean_message(message)  # what is indexed is what is stored (no recall block)
     enc = encode_message(message)
     body = index_text(message, recall_ids)
     same = enc.content_kind == CONTENT_TEXT and enc.content == body and enc.tool_calls is None

@@ -13,7 +13,7 @@ from typing import Any, Literal
 CheckStatus = Literal["ok", "warn", "fail"]
 SortMode = Literal["recency", "relevance", "hybrid"]
 SORT_MODES: tuple[SortMode, ...] = ("recency", "relevance", "hybrid")
-MatchKind = Literal["all", "any", "semantic"]
+MatchKind = Literal["all", "any", "semantic", "neighbour"]
 SearchMode = Literal["full_text", "semantic", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("full_text", "semantic", "hybrid")
 
@@ -234,7 +234,8 @@ class SearchHit:
     score: float | None = None  # higher is better; only for relevance/hybrid sorts
     role: str | None = None
     depth: int | None = None
-    #: How it matched: every word of the query ("all"), or some of its content words ("any").
+    #: How it matched: every word of the query ("all"), some of its content words ("any"), by
+    #: meaning ("semantic"), or next to such hits in its session ("neighbour").
     match: MatchKind = "all"
 
 

@@ -70,6 +70,9 @@ COMMANDS: dict[str, Lazy] = {
         "Copy every agent, session, message, summary and vector of the store into another "
         "database (e.g. SQLite to a team's PostgreSQL), then verify both sides. Run it again to "
         "copy what was added since, or to finish an interrupted run."),
+    "recall": Lazy("lcm.cli.recall", "recall_command",
+        "The auto-recall block lcm would add before the model answers MESSAGE: the stored turns "
+        "of any of the agent's sessions that best match it, verbatim, with their store ids."),
     "sessions": Lazy("lcm.cli.recall", "sessions_command",
         "List sessions: messages, tokens, summaries and how much is compacted."),
     "status": Lazy("lcm.cli.inspect", "status_command",

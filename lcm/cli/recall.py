@@ -35,6 +35,7 @@ from lcm.cli.common import (
 from lcm.cli.stores import latest_session_key, open_context, open_store
 from lcm.context.session import ContextSession
 from lcm.tools import call_tool
+from lcm.tools.autorecall import recall_block
 
 REF = re.compile(r"^(msg|node):(\d+)$")
 #: Messages ``lcm load`` asks lcm_load_session for at a time.
@@ -117,6 +118,34 @@ def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, a
                   when(r["updated_at"])]
         table.add_row(*cells)
     show_table(table)
+
+
+@click.command("recall")
+@click.argument("message")
+@url_option
+@agent_option
+@json_option
+@click.option("--session", "session_key", metavar="ID",
+              help="The session the message is asked in (its messages not yet summarized are in the "
+                   "context, so not recalled); default: the agent's most recent session.")
+@click.option("--max-tokens", type=click.IntRange(50, 20_000), default=None,
+              help="Size of the block at most (default: LCM_AUTO_RECALL_MAX_TOKENS).")
+def recall_command(message: str, url: str | None, agent: str, as_json: bool, session_key: str | None,
+                   max_tokens: int | None) -> None:
+    """The auto-recall block lcm would add before the model answers MESSAGE: the stored turns
+    of any of the agent's sessions that best match it, verbatim, with their store ids."""
+    context = open_context(url, agent)
+    context.attach(session_key or latest_session_key(context.store, agent))
+    block = recall_block(context, message, max_tokens=max_tokens or context.config.auto_recall_max_tokens)
+    if as_json:
+        emit_json(block.as_dict())
+        return
+    if not block.text:
+        say(f"nothing to recall for {message!r}: {block.reason}")
+        return
+    say(f"{len(block.store_ids)} stored message(s), {block.tokens} tokens ({block.mode}); "
+        "the model would get:")
+    stdout.print(Text(block.text))
 
 
 @click.command("grep")

@@ -27,6 +27,7 @@ from lcm.records import (
     MessageMeta,
     MessageRecord,
     NewSummary,
+    SearchHit,
     SearchResult,
     SessionRecord,
     SettledTokens,
@@ -121,8 +122,8 @@ class SearchPort(Protocol):
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None,
                   time_to: float | None = None, any_words: bool = False) -> SearchResult: ...
-
-
+    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
+                          ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]: ...
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
                          session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
                          time_from: float | None = None, time_to: float | None = None,

@@ -90,6 +90,7 @@ class ContextSession(Turns):
         self.current: SessionRecord | None = None
         self.last_outcome: dict[str, Any] | None = None
         self.last_error: str | None = None
+        self.last_recall: dict[str, Any] | None = None  # what auto-recall last added (lcm_status)
         #: Tokens the host adds around the transcript (its tools, its framing), learned from
         #: the prompt sizes it reports.
         self.overhead = 0

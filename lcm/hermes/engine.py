@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -34,6 +34,7 @@ from lcm.hermes.routes import HermesAuxiliaryRoute
 from lcm.records import SessionRecord
 from lcm.tokens import TokenCounter
 from lcm.tools import TOOL_SCHEMAS, run_tool
+from lcm.tools.autorecall import RecallBlock, recall_block
 
 log = logging.getLogger("lcm")
 
@@ -256,6 +257,34 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
             self.context.last_outcome = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}",
                                          "at": time.time()}
             return messages
+
+    # ------------------------------------------------------------------ auto-recall
+
+    def recall(self, user_message: Any, context_messages: Sequence[Mapping[str, Any]] | None = None, *,
+               max_tokens: int | None = None) -> RecallBlock:
+        """The auto-recall block for a user message (a message or its text): the stored turns of
+        any of the agent's sessions that best match it and that ``context_messages`` (what the
+        host is about to send; default: the session's messages not yet summarized) lack, quoted
+        with their store ids, within ``max_tokens`` (default LCM_AUTO_RECALL_MAX_TOKENS).
+
+        The engine method for any host: put ``block.text`` (empty when nothing matched) into
+        the API copy of the user message; lcm strips it from whatever comes back. Computed
+        whatever LCM_AUTO_RECALL says (the host asked); never raises: a failure is an empty
+        block whose ``reason`` says why (and ``get_status()["last_error"]``)."""
+        budget = max_tokens if max_tokens is not None else self.config.auto_recall_max_tokens
+        return self._guarded("recall", lambda: recall_block(
+            self.context, user_message, max_tokens=budget, context_messages=context_messages),
+            RecallBlock(reason="auto-recall failed (lcm_status last_error says why)"))
+
+    def recall_context(self, session_id: str, user_message: Any,
+                       context_messages: Sequence[Mapping[str, Any]] | None) -> str:
+        """Hermes' ``pre_llm_call`` (``lcm.hermes.hooks``): the block for this engine's session
+        when LCM_AUTO_RECALL is on, else ""."""
+        if session_id != self._host_session or not self.config.auto_recall:
+            return ""
+        block = self.recall(user_message, context_messages)
+        self.context.last_recall = block.as_dict() | {"text": None, "at": time.time()}
+        return block.text
 
     # ------------------------------------------------------------------ status & tools
 

@@ -1,5 +1,8 @@
 """Hermes plugin hooks lcm listens to, beside its context-engine contract.
 
+``pre_llm_call``: before each model call, lcm's auto-recall block for the turn's user message
+(``lcm.tools.autorecall``), returned as context Hermes appends to the API copy of that message.
+
 ``pre_api_request``: the request Hermes is about to send. Hermes builds each request's system
 message itself (once per session, byte-stable) and hands ``compress()`` the conversation only,
 so this is where lcm sees the system prompt it keeps once per version (issue 20). The hook is
@@ -10,7 +13,7 @@ that bound a session are tracked here, weakly, and each takes only requests for 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -19,6 +22,9 @@ class RequestListener(Protocol):
     module: the hooks know the engine only by this method)."""
 
     def observe_request(self, session_id: str, system: Mapping[str, Any]) -> None: ...
+
+    def recall_context(self, session_id: str, user_message: Any,
+                       context_messages: Sequence[Mapping[str, Any]] | None) -> str: ...
 
 
 _LIVE: weakref.WeakSet[RequestListener] = weakref.WeakSet()
@@ -57,8 +63,25 @@ def pre_api_request(**kwargs: Any) -> None:
         engine.observe_request(session_id, system)
 
 
+def pre_llm_call(**kwargs: Any) -> dict[str, str] | None:
+    """Hermes' hook before each model call: lcm's auto-recall block for the turn's user message,
+    as context Hermes appends to the API copy of that message (never to the system prompt, so
+    the cached prefix stays; Hermes replays the same bytes on later turns)."""
+    session_id = str(kwargs.get("session_id") or "")
+    if not session_id:
+        return None
+    history = kwargs.get("conversation_history")
+    held = [m for m in history if isinstance(m, Mapping)] if isinstance(history, list) else None
+    for engine in list(_LIVE):
+        text = engine.recall_context(session_id, kwargs.get("user_message"), held)
+        if text:
+            return {"context": text}
+    return None
+
+
 def register(ctx: Any) -> None:
     """Register the hooks with a Hermes plugin context (one without hooks is left alone)."""
     register_hook = getattr(ctx, "register_hook", None)
     if callable(register_hook):
         register_hook("pre_api_request", pre_api_request)
+        register_hook("pre_llm_call", pre_llm_call)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, Table, func, select, tuple_
 
 from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
@@ -95,6 +95,32 @@ class SearchRepository:
         """Index the messages the backend left pending (every search does this first); how
         many stay unindexed (0 unless the store may not write)."""
         return self._core.catch_up_index()
+
+    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
+                          ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]:
+        """For each of the agent's messages ``store_ids``: the message just before it and the one
+        just after it in its session (None at either end), as hits with ``match="neighbour"``
+        and snippets for ``query``. Recall ranks a turn by the words around it too: the answer
+        to a question often follows the turn that holds the question's words."""
+        with self._core.read() as conn:
+            agent_pk = self._core.agent_pk(conn, agent, create=False)
+            if agent_pk is None or not store_ids:
+                return {}
+            placed = fetch_in(conn, store_ids, lambda chunk: select(
+                messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
+                messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk))
+            wanted = {(r.session_id, r.seq + step) for r in placed for step in (-1, 1) if r.seq + step >= 1}
+            around = fetch_in(conn, wanted, lambda chunk: select(
+                messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
+                tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
+            at = {(r.session_id, r.seq): r.id for r in around}
+            spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
+                              limit=len(at) or 1,
+                              stemmed=True)
+            hits = {h.id: replace(h, match="neighbour")
+                    for h in _message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
+        return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))
+                for r in placed}
 
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
                          session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,

@@ -16,8 +16,9 @@ from lcm.records import MessageRecord
 from lcm.textindex import STOP_WORDS, tokenize
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import Parsed
-from lcm.tools.recall import find, node_in_scope
+from lcm.tools.recall import node_in_scope
 from lcm.tools.render import clip_prefix
+from lcm.tools.retrieval import find
 from lcm.tools.specs import EVIDENCE_ITEM_CHARS, EXPAND_SOURCES_CAP
 
 _CITE = re.compile(r"\[(node|msg):(\d+)\]")

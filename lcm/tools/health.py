@@ -10,6 +10,7 @@ from lcm.context.session import ContextSession
 from lcm.errors import LcmError
 from lcm.records import CheckResult
 from lcm.tools.args import Parsed
+from lcm.tools.retrieval import similarity_floor
 
 #: The doctor's verdict from its worst check.
 VERDICTS = {"ok": "healthy", "warn": "warnings", "fail": "unhealthy"}
@@ -56,6 +57,7 @@ def status(context: ContextSession, args: Parsed) -> dict[str, Any]:
                                                      "tokens_after", "assembled_tokens", "over_budget")
                                if k in last}},
         "embeddings": embeddings_report(context),
+        "recall": recall_report(context),
         "session_filters": (context.filters.describe(context.rule) if context.filters is not None
                             else {"applied": False}),
         "redaction": context.redactor.describe() if context.redactor is not None else {"enabled": False},
@@ -77,6 +79,17 @@ def embeddings_report(context: ContextSession) -> dict[str, Any]:
         out["indexer"] = {"embedded": indexer.embedded, "last_error": indexer.last_error,
                           "busy_seconds": None if busy is None else round(busy, 1)}
     return out
+
+
+def recall_report(context: ContextSession) -> dict[str, Any]:
+    """How recall is set up: auto-recall on or off and its budget, the search mode it uses, the
+    embedding model and its similarity floor, and what auto-recall last added."""
+    embedder = context.embedder
+    return {"auto_recall": context.config.auto_recall, "max_tokens": context.config.auto_recall_max_tokens,
+            "mode": "hybrid" if embedder is not None else "full_text",
+            "model": embedder.model if embedder is not None else None,
+            "similarity_floor": similarity_floor(context) if embedder is not None else None,
+            "last": context.last_recall}
 
 
 def doctor(context: ContextSession, args: Parsed) -> dict[str, Any]:

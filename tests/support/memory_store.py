@@ -587,7 +587,21 @@ class MemorySearch(_Part):
                 if self._data.sessions[s.session_pk].agent == agent
                 and (session_pk is None or s.session_pk == session_pk)]
         return self._search(query, limit, any_words, rows)
+    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
+                          ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]:
+        agent_pk = self._data.agent(agent, create=False)
+        at = {(r.session_pk, r.seq): r for r in self._data.rows.values() if r.agent_pk == agent_pk}
+        parsed = parse_query(query)
 
+        def hit(key: tuple[int, int]) -> SearchHit | None:
+            r = at.get(key)
+            return None if r is None else SearchHit(
+                kind="message", id=r.store_id, session_pk=r.session_pk, ts=r.ts, role=r.role,
+                session_key=self._data.sessions[r.session_pk].session_key, match="neighbour",
+                snippet=make_snippet(r.index_text, parsed, loose=True))
+
+        return {r.store_id: (hit((r.session_pk, r.seq - 1)), hit((r.session_pk, r.seq + 1)))
+                for r in at.values() if r.store_id in store_ids}
 
     def similar_messages(self, query: str, vector: Any, *, model: str, agent: str, session_pk: int | None = None,
                          roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,

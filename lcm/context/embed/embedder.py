@@ -29,7 +29,7 @@ def embedder_for(config: LcmConfig) -> Embedder | None:
         return None
     key: tuple[object, ...]
     if mode == "local":
-        key = ("local",)
+        key = ("local", config.embedding_model_dir)
     else:
         key = ("openai", config.embedding_base_url, config.embedding_model, config.embedding_api_key,
                config.embedding_dimensions, config.embedding_timeout_ms)
@@ -38,7 +38,7 @@ def embedder_for(config: LcmConfig) -> Embedder | None:
         if found is None:
             if mode == "local":
                 from lcm.context.embed.local import MiniLMEmbedder
-                found = MiniLMEmbedder()
+                found = MiniLMEmbedder(config.embedding_model_dir)
             else:
                 from lcm.context.embed.remote import OpenAIEmbedder
                 assert config.embedding_base_url and config.embedding_model  # LcmConfig checks it

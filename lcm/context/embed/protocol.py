@@ -24,5 +24,10 @@ class Embedder(Protocol):
     def model(self) -> str:
         """The name recorded with every vector it makes: vectors of two models never mix."""
 
+    @property
+    def floor(self) -> float:
+        """The cosine below which a text means nothing close to the query: calibrated per model
+        (docs/recall.md); 0 for a model nobody calibrated."""
+
     def embed(self, texts: Sequence[str], *, timeout: float | None = None) -> Matrix:
         """One unit-length row per text; raises EmbeddingError."""

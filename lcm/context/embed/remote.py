@@ -26,6 +26,9 @@ BATCH = 128
 class OpenAIEmbedder:
     """Embeds through an OpenAI-compatible ``/embeddings`` endpoint."""
 
+    #: Nobody calibrated the endpoint's model here: no floor unless LCM_SEMANTIC_FLOOR sets one.
+    floor = 0.0
+
     def __init__(self, base_url: str, model: str, api_key: str | None, *, dimensions: int = 0,
                  timeout: float = 10.0):
         self.base_url = base_url.rstrip("/")

@@ -1,0 +1,151 @@
+"""Auto-recall: before a model call, the stored turns that best match the new user message and
+that the context lacks, as one bounded block the host adds to the API copy of that message.
+
+The model gets back what compaction moved out of its prompt without having to think of
+``lcm_grep``. The search is ``lcm_grep``'s (``lcm.tools.retrieval.find``: all of the agent's
+sessions, words and neighbours, meaning above the floor when embeddings are on); each hit is
+quoted verbatim (cut to fit), with its store id, so the model can ``lcm_expand`` it whole.
+
+The block is wrapped in ``<lcm_recall>`` tags (``lcm.messages.RECALL_OPEN``): whatever a host
+sends back, lcm strips it before storing (``lcm.messages.clean_message``), so it is never
+stored as conversation. In Hermes it rides the ``pre_llm_call`` hook's context, which Hermes
+appends to the API copy of the user message and replays byte-identically on later turns: the
+cached prompt prefix is untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lcm.context.session import ContextSession
+from lcm.messages import RECALL_CLOSE, RECALL_OPEN, content_hash, content_text, message_text
+from lcm.records import MessageRecord
+from lcm.tools.retrieval import find
+
+#: Hits asked of the search; the block takes the best of them that fit.
+CANDIDATES = 8
+#: Characters of the user message used as the query (its beginning says what it is about).
+QUERY_CHARS = 2_000
+#: A quoted turn gets at most this share of the block, so one long turn cannot fill it alone.
+MAX_SHARE_PER_HIT = 0.5
+HEADER = (f'{RECALL_OPEN} note="earlier messages lcm found for this one, not in the context; '
+          'lcm_expand store_id=N shows one whole">')
+
+
+@dataclass
+class RecallBlock:
+    """What auto-recall adds for one user message: ``text`` ("" when nothing), the store ids
+    quoted, the block's tokens, and how the search was answered."""
+
+    text: str = ""
+    store_ids: list[int] = field(default_factory=list)
+    tokens: int = 0
+    mode: str = "full_text"
+    considered: int = 0
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "store_ids": self.store_ids, "tokens": self.tokens, "mode": self.mode,
+                "considered": self.considered, **({"reason": self.reason} if self.reason else {})}
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _line(record: MessageRecord, text: str) -> str:
+    return f"[store_id={record.store_id} · session {record.session_key} · {_when(record.ts)} · {record.role}] {text}"
+
+
+def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
+                 context_messages: Sequence[Mapping[str, Any]] | None = None) -> RecallBlock:
+    """The block for ``user_message`` (a message, or its text) within ``max_tokens``.
+
+    Left out: hits already in the context (``context_messages``, the messages the host is about
+    to send; without them, the current session's messages not yet summarized, which lcm's
+    assembled context holds verbatim) and the user message itself. Nothing is added when
+    nothing matches: no shared content word, nothing above the similarity floor.
+    """
+    text = (content_text(user_message.get("content")) if isinstance(user_message, Mapping)
+            else str(user_message or ""))[:QUERY_CHARS]
+    if not text.strip():
+        return RecallBlock(reason="the user message has no text")
+    found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES)
+    block = RecallBlock(mode=found.mode, considered=len(found.hits))
+    hits = [h for h in found.hits if h.kind == "message"]
+    if not hits:
+        block.reason = "nothing stored matches it" + (f": {found.notes[-1]}" if found.notes else "")
+        return block
+    records = {r.store_id: r for r in context.store.messages.get_many([h.id for h in hits], agent=context.agent_id)}
+    held = _held(context, context_messages)
+    asked = content_hash({"role": "user", "content": text})
+    chosen: list[MessageRecord] = []
+    for hit in hits:
+        record = records.get(hit.id)
+        if record is None or _in_context(record, held, context) or content_hash(record.message) == asked:
+            continue
+        chosen.append(record)
+    if not chosen:
+        block.reason = "every match is already in the context"
+        return block
+    return _render(context, chosen, max_tokens, block)
+
+
+def _held(context: ContextSession, messages: Sequence[Mapping[str, Any]] | None) -> set[str] | None:
+    if messages is None:
+        return None
+    return {content_hash(m) for m in messages if isinstance(m, Mapping)}
+
+
+def _in_context(record: MessageRecord, held: set[str] | None, context: ContextSession) -> bool:
+    if held is not None:
+        return content_hash(record.message) in held
+    session = context.session
+    return record.session_pk == session.id and record.seq > session.covered_seq
+
+
+def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: int,
+            block: RecallBlock) -> RecallBlock:
+    """The block: a header, one line per hit (best first, each cut to its share), a closing tag;
+    lines that no longer fit are left out."""
+    count = context.tokens.count_text
+    frame = count(HEADER + "\n\n" + RECALL_CLOSE)
+    room = max_tokens - frame
+    per_hit = max(20, int(max_tokens * MAX_SHARE_PER_HIT))
+    lines: list[str] = []
+    for record in chosen:
+        body = " ".join(message_text(record.message).split())
+        line = _line(record, body)
+        size = count(line)
+        if size > min(per_hit, room):
+            line = _cut(line, min(per_hit, room), count)
+            size = count(line) if line else 0
+        if not line or size > room:
+            continue
+        lines.append(line)
+        block.store_ids.append(record.store_id)
+        room -= size + 1
+        if room < 20:
+            break
+    if not lines:
+        block.reason = "no match fits in LCM_AUTO_RECALL_MAX_TOKENS"
+        return block
+    block.text = "\n".join([HEADER, *lines, RECALL_CLOSE])
+    block.tokens = count(block.text)
+    return block
+
+
+def _cut(line: str, tokens: int, count: Callable[[str], int]) -> str:
+    """``line`` cut (with an ellipsis) to at most ``tokens`` tokens; "" when not even its label fits."""
+    low, high = 0, len(line)
+    while low < high:  # the longest prefix that fits, by bisection on characters
+        mid = (low + high + 1) // 2
+        if count(line[:mid] + " …") <= tokens:
+            low = mid
+        else:
+            high = mid - 1
+    cut = line[:low].rstrip()
+    return cut + " …" if "] " in cut and not cut.endswith("]") else ""
