@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from lcm.context.assembly import PREAMBLE
+from lcm.messages import RECALL_OPEN, strip_recall_blocks
 from lcm.store import Store
 from lcm.transcript import SUMMARY_MARKER
 from tests.support.conversation import sequence_problems
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 TURNS = 10
 FACT = "Remember for later: the deploy fingerprint is FP-7Q2K-ALBATROSS, ticket OPS-4471."
+QUESTION = "Quick one before the next log: which OPS ticket did I mention at the start?"
 LCM_TOOLS = {"lcm_grep", "lcm_describe", "lcm_expand", "lcm_expand_query", "lcm_load_session",
              "lcm_status", "lcm_doctor"}
 
@@ -70,8 +72,12 @@ def build_log(i: int, lines: int = 520) -> str:
 
 
 def key(message: dict[str, Any]) -> tuple:
+    """A message as said: lcm's auto-recall block in the API copy of a user message is not part
+    of it (lcm never stores it)."""
     calls = tuple(c["id"] for c in message.get("tool_calls") or [])
     content = message.get("content") or None
+    if isinstance(content, str):
+        content = strip_recall_blocks(content)
     return message.get("role"), content if isinstance(content, str) else json.dumps(content), calls, \
         message.get("tool_call_id")
 
@@ -183,6 +189,16 @@ def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path,
                        "compacted_before": sum(1 for b in model.requests
                                                if model.kind(b) == "summary") > summaries_before,
                        "messages_sent": len(request["messages"])})
+    # Auto-recall: a plain question late in the conversation brings the first turn's fact into
+    # the request itself (the API copy of the user message), with no tool call.
+    calls_before = len(model.turn_requests())
+    asked = home.chat(QUESTION, resume=session_id)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert len(model.turn_requests()) == calls_before + 1 and not model.replies[-1].get("tool_calls")
+    question_request = model.turn_requests()[-1]["messages"]
+    sent = question_request[-1]["content"]
+    assert question_request[-1]["role"] == "user" and sent.startswith(QUESTION + "\n\n" + RECALL_OPEN)
+    assert FACT in sent.split(RECALL_OPEN, 1)[1] and FACT not in json.dumps(question_request[1:-1])
     recall = home.chat("RECALL deploy fingerprint", resume=session_id)
     assert recall.returncode == 0, recall.stderr[-3000:]
     print("\nrequest size per turn (tokens ~ chars/4):\n" + "\n".join(json.dumps(s) for s in series))
@@ -219,7 +235,9 @@ def test_a_long_hermes_conversation_through_lcm(hermes_venv, database, tmp_path,
     store, messages = stored(home, database)
     expected = conversation_seen_by_model(model)
     assert [key(r.message) for r in messages] == [key(m) for m in expected]
-    assert [r.message["content"] for r in messages if r.role == "user"] == [*prompts, "RECALL deploy fingerprint"]
+    assert [r.message["content"] for r in messages if r.role == "user"] == [*prompts, QUESTION,
+                                                                             "RECALL deploy fingerprint"]
+    assert not any(RECALL_OPEN in json.dumps(r.message) for r in messages)  # the block is never stored
     summaries = store.summaries.of_session(messages[0].session_pk, depth=0, limit=100)
     assert summaries and all(s.kind.startswith("llm") for s in summaries)  # via Hermes' aux client
 

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lcm.messages import strip_recall_blocks
 from tests.support.llm_server import Reply, ScriptedLLM, completion, tool_call
 
 SUMMARY_MARKERS = ("You write the memory of an AI agent", "You maintain the long-term memory",
@@ -141,7 +142,8 @@ class HermesModel:
                          if isinstance(p, dict) and p.get("item", {}).get("store_id") == store_id]
                 return completion(f"RECALLED store_id={store_id}: {''.join(pages)}", **usage)
             return completion(f"TOOL ERROR: {result.get('error', 'unexpected tool result')}", **usage)
-        text = last.get("content") if isinstance(last.get("content"), str) else ""
+        # What the user typed: lcm's auto-recall block (appended to the API copy) is not a command.
+        text = strip_recall_blocks(last.get("content")) if isinstance(last.get("content"), str) else ""
         if text == "STATUS":
             return completion(None, tool_calls=[tool_call("lcm_status", {}, f"call_status_{self.calls}")], **usage)
         if text.startswith("RECALL "):
