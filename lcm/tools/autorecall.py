@@ -130,11 +130,19 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
         room -= size + 1
         if room < 20:
             break
+    text = "\n".join([HEADER, *lines, RECALL_CLOSE])
+    while lines and (over := count(text) - max_tokens) > 0:  # pieces counted apart can add up to more
+        last = _cut(lines[-1], count(lines[-1]) - over, count)
+        if last:
+            lines[-1] = last
+        else:
+            lines.pop()
+            block.store_ids.pop()
+        text = "\n".join([HEADER, *lines, RECALL_CLOSE])
     if not lines:
         block.reason = "no match fits in LCM_AUTO_RECALL_MAX_TOKENS"
         return block
-    block.text = "\n".join([HEADER, *lines, RECALL_CLOSE])
-    block.tokens = count(block.text)
+    block.text, block.tokens = text, count(text)
     return block
 
 
