@@ -10,6 +10,7 @@
     python -m benchmarks --only ui        # lcm ui page times over HTTP on a big store
     python -m benchmarks --only cli       # lcm --version / --help / a command, as whole processes
     python -m benchmarks --only locomo    # lcm_grep recall@5/10 on LoCoMo conversations (LCM_LOCOMO_DIR)
+    python -m benchmarks --only locomo_prompt  # evidence in the prompt, with and without auto-recall
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -50,7 +51,8 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "fleet": [{"seconds": 2, "counts": [1, 2]}],
         "ui": [{"messages": 2_000, "sessions": 8, "runs": 3}],
         "cli": [{"runs": 3}],
-        "locomo": [{}],
+        "locomo": [{"conversations": 1, "semantic": False}],
+        "locomo_prompt": [{"conversations": 1, "semantic": False}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -65,6 +67,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "ui": [{"messages": 100_000, "sessions": 50}],
         "cli": [{"runs": 15}],
         "locomo": [{}],
+        "locomo_prompt": [{}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in
@@ -136,8 +139,8 @@ def main() -> None:
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {}
     for phase in phases:
-        if phase == "locomo" and not os.environ.get("LCM_LOCOMO_DIR"):
-            console.print("[yellow]locomo skipped: LCM_LOCOMO_DIR is not set (the folder of LoCoMo <id>.json "
+        if phase.startswith("locomo") and not os.environ.get("LCM_LOCOMO_DIR"):
+            console.print(f"[yellow]{phase} skipped: LCM_LOCOMO_DIR is not set (the folder of LoCoMo <id>.json "
                           "files; .ci/run sets it when the data is beside the checkout)[/]")
             continue
         for params in plan[phase]:

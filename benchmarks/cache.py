@@ -223,23 +223,34 @@ class Clock:
 
 
 def drive(engine: Any, turns: list[Turn], meter: Meter, clock: Clock, *, idle: bool,
-          progress: Callable[[int], None] | None = None) -> tuple[list[dict[str, Any]], int, int | None]:
-    """The host loop; (the final context, compaction bursts, the turn of the first burst)."""
+          progress: Callable[[int], None] | None = None,
+          recall: list[int] | None = None) -> tuple[list[dict[str, Any]], int, int | None]:
+    """The host loop; (the final context, compaction bursts, the turn of the first burst).
+
+    ``recall`` (a list, filled with each turn's block size): lcm's auto-recall block is added to
+    the API copy of each user message, as Hermes adds ``pre_llm_call`` context, and replayed
+    with it on later requests until a compaction hands back a new list (Hermes' ``api_content``)."""
     rng = random.Random(11)
     messages: list[dict[str, Any]] = [SYSTEM]
+    api: dict[int, dict[str, Any]] = {}  # id of a held user message -> the copy sent for it
     bursts, first = 0, None
     for i, turn in enumerate(turns):
         clock.now += IDLE_SECONDS if idle and i and i % IDLE_EVERY == 0 else rng.uniform(*PAUSE_SECONDS)
+        if recall is not None:
+            block = engine.recall(turn.user, messages)
+            recall.append(block.tokens)
+            if block.text:
+                api[id(turn.user)] = {**turn.user, "content": f"{turn.user['content']}\n\n{block.text}"}
         messages = [*messages, turn.user]
         for answer, result in turn.steps:
-            tokens = meter.tokens.request([wire(m) for m in messages])
+            tokens = meter.tokens.request([wire(api.get(id(m), m)) for m in messages])
             if engine.should_compress(tokens):
                 compacted = engine.compress(messages, current_tokens=tokens)
                 if compacted is not messages and compacted != messages:
                     bursts += 1
                     first = i if first is None else first
                 messages = compacted
-            usage = meter.request(messages, clock.now)
+            usage = meter.request([api.get(id(m), m) for m in messages], clock.now)
             clock.now += CALL_SECONDS
             engine.update_from_response(usage)
             messages = [*messages, answer] + ([result] if result is not None else [])
@@ -329,13 +340,14 @@ def run_pair(url: str, *, turns: int, window: int, idle: bool, progress: bool = 
     out["hermes"] = {**_report(meter, turns, bursts, first, window),
                      "recoverable_share": sum(wire(m) in kept for m in sent) / len(sent)}
 
-    def lcm_side(env: dict[str, str], name: str) -> dict[str, Any]:
+    def lcm_side(env: dict[str, str], name: str, recall: list[int] | None = None) -> dict[str, Any]:
         meter, clock = Meter(window, tokens), Clock()
         llm.meter = meter
         engine = _lcm_engine(url, window, clock, env, name)
         session = f"cache-{window}-{int(idle)}"
         engine.on_session_start(session)
-        final, bursts, first = drive(engine, conversation, meter, clock, idle=idle, progress=tick(f"lcm {name}"))
+        final, bursts, first = drive(engine, conversation, meter, clock, idle=idle, progress=tick(f"lcm {name}"),
+                                     recall=recall)
         engine.on_session_end(session, final)
         stored = [r.message for r in engine.store.messages.get_range(engine.session.id)]
         status = json.loads(engine.handle_tool_call("lcm_status", {}))
@@ -347,6 +359,14 @@ def run_pair(url: str, *, turns: int, window: int, idle: bool, progress: bool = 
 
     out["lcm"] = lcm_side(lcm_env or {}, "default")
     out["cost_ratio"] = out["lcm"]["cost"] / out["hermes"]["cost"]
+    blocks: list[int] = []
+    with_recall = lcm_side(lcm_env or {}, "recall", recall=blocks)
+    out["auto_recall"] = {"cost_ratio_vs_lcm": with_recall["cost"] / out["lcm"]["cost"],
+                          "cost_ratio_vs_hermes": with_recall["cost"] / out["hermes"]["cost"],
+                          "block_tokens_per_turn": sum(blocks) / max(1, len(blocks)),
+                          "turns_with_block": sum(1 for b in blocks if b) / max(1, len(blocks)),
+                          "repeated_share": with_recall["repeated_share"],
+                          "stored_exactly": with_recall["stored_exactly"]}
     out["sweep"] = []
     for target in sweep:
         side = lcm_side({**(lcm_env or {}), "LCM_COMPACTION_TARGET": str(target)}, f"t{target}")

@@ -64,18 +64,22 @@ def turns_of(conversation: dict[str, Any]) -> list[tuple[int, list[tuple[str, di
     return out
 
 
-def run(backend: str, url: str, *, data: str | None = None) -> dict[str, Any]:
+def run(backend: str, url: str, *, data: str | None = None, conversations: int | None = None,
+        semantic: bool | None = None) -> dict[str, Any]:
+    """``conversations``: the first N only; ``semantic``: run the semantic and hybrid modes
+    (default: when the local model is installed)."""
     import bm25s
 
     folder = data_dir(data)
     store = Store.open(url, upgrade=True)
-    semantic = local_model_installed()
+    semantic = local_model_installed() if semantic is None else semantic
     modes = ("full_text", "semantic", "hybrid") if semantic else ("full_text",)
     ranks: dict[str, dict[str, list[int]]] = {m: {} for m in (*modes, "bm25s")}
     latency: dict[str, list[float]] = {m: [] for m in (*modes, "bm25s")}
     stored = questions = 0
     load_s = embed_s = 0.0
-    for path in sorted(folder.glob("*.json")):
+    paths = sorted(folder.glob("*.json"))[:conversations]
+    for path in paths:
         conversation = json.loads(path.read_text(encoding="utf-8"))
         agent = f"locomo-{path.stem}"
         started = time.perf_counter()
@@ -128,4 +132,4 @@ def run(backend: str, url: str, *, data: str | None = None) -> dict[str, Any]:
         key: {"questions": len(r), **{f"recall@{k}": sum(0 <= x < k for x in r) / len(r) for k in K}}
         for key, r in found.items()}} for mode, found in ranks.items()]
     return {"messages": stored, "questions": questions, "load_s": load_s, "embed_s": embed_s or None,
-            "conversations": sorted(p.stem for p in folder.glob("*.json")), "rows": rows}
+            "conversations": [p.stem for p in paths], "rows": rows}

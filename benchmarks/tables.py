@@ -136,7 +136,18 @@ def cache(results: list[dict[str, Any]]) -> list[TableSpec]:
                     f(e["summarizer_calls_per_100"], 1), f(e["summarizer_input_per_100"], 0),
                     _pct(e["largest_prompt_share"]), f(e["mean_prompt_tokens"], 0), f(e["cost"] / 1e6, 2),
                     f"{row['cost_ratio']:.3f}" if engine == "lcm" else "1", _pct(e["recoverable_share"])])
-        exact = all(row["lcm"]["stored_exactly"] for row in r["rows"])
+        recall = [row for row in r["rows"] if "auto_recall" in row]
+        if recall:
+            spec.notes.append("auto-recall (lcm's block in the API copy of each user message, replayed as Hermes "
+                              "replays pre_llm_call context): " + "; ".join(
+                                  f"{row['window'] // 1000}k{' idle' if row['idle'] else ''} cost "
+                                  f"{row['auto_recall']['cost_ratio_vs_lcm']:.3f}x lcm without it "
+                                  f"({row['auto_recall']['cost_ratio_vs_hermes']:.3f}x Hermes), "
+                                  f"{row['auto_recall']['block_tokens_per_turn']:.0f} tokens/turn, "
+                                  f"{_pct(row['auto_recall']['turns_with_block'])} of turns"
+                                  for row in recall))
+        exact = all(row["lcm"]["stored_exactly"] and row.get("auto_recall", {}).get("stored_exactly", True)
+                    for row in r["rows"])
         spec.notes.append(f"lcm stored every message byte-exact: {'yes' if exact else 'NO'}; cache-read share lcm "
                           "computed from the usage it was sent: "
                           + ", ".join(f"{row['window'] // 1000}k{' idle' if row['idle'] else ''} "
@@ -253,9 +264,36 @@ def locomo(results: list[dict[str, Any]]) -> list[TableSpec]:
         for r in results]
 
 
+def locomo_prompt(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend: the share of questions whose evidence turn is verbatim in what the model
+    receives, per category, and what the auto-recall block costs per user turn."""
+    specs = []
+    for r in results:
+        classes = r["classes"]
+        names = ["all", "single-hop", "multi-hop", "temporal", "open-domain"]
+        spec = TableSpec(
+            f"Evidence in the prompt, {r['backend']}: {classes['all']['questions']} LoCoMo questions, "
+            f"{r['window']:,}-token window, {r['messages']:,} turns, {r['compactions']} compactions",
+            ["what the model receives", *[f"{n} ({classes[n]['questions']})" for n in names if n in classes]],
+            left=frozenset({"what the model receives"}),
+            notes=[f"auto-recall block: {r['block_tokens_per_turn']:.0f} tokens per user turn on average over "
+                   f"{r['user_turns']:,} replayed turns ({_pct(r['turns_with_block'])} of turns get one, "
+                   f"{r['block_tokens_when_added']:.0f} tokens when they do); recall p50 "
+                   f"{f(r['recall_latency_ms']['p50'], 1)} ms, p95 {f(r['recall_latency_ms']['p95'], 1)} ms; "
+                   f"search {'hybrid (local model)' if r['semantic'] else 'full text'}",
+                   "tail only: the first 3 and last 20 messages, what Hermes' compressor keeps verbatim "
+                   "(its summary is prose: not counted)"])
+        for key, label in (("tail", "tail only (Hermes' defaults)"), ("lcm", "lcm, no recall"),
+                           ("recall_only", "the recall block alone"), ("lcm_recall", "lcm + auto-recall")):
+            spec.rows.append([label, *[_pct(classes[n][key]) for n in names if n in classes]])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
-    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo}
+    "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo,
+    "locomo_prompt": locomo_prompt}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -31,8 +31,7 @@ CANDIDATES = 8
 QUERY_CHARS = 2_000
 #: A quoted turn gets at most this share of the block, so one long turn cannot fill it alone.
 MAX_SHARE_PER_HIT = 0.5
-HEADER = (f'{RECALL_OPEN} note="earlier messages lcm found for this one, not in the context; '
-          'lcm_expand store_id=N shows one whole">')
+HEADER = f'{RECALL_OPEN} note="stored messages that match this one, not in the context; lcm_expand store_id=N">'
 
 
 @dataclass
@@ -57,7 +56,7 @@ def _when(ts: float) -> str:
 
 
 def _line(record: MessageRecord, text: str) -> str:
-    return f"[store_id={record.store_id} · session {record.session_key} · {_when(record.ts)} · {record.role}] {text}"
+    return f"[store_id={record.store_id} · {_when(record.ts)} · {record.role}] {text}"
 
 
 def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,

@@ -50,10 +50,15 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     for r in results["compaction"]:
         assert r["compacted"] > 0.9 * r["messages"] and r["depths"].get("d0")
     if os.environ.get("LCM_LOCOMO_DIR"):  # real conversations (.ci/run sets it when the data is there)
-        for r in results["locomo"]:
-            assert r["questions"] > 300 and {row["mode"] for row in r["rows"]} >= {"full_text", "bm25s"}
+        for r in results["locomo"]:  # one conversation at smoke size
+            assert r["questions"] > 50 and {row["mode"] for row in r["rows"]} >= {"full_text", "bm25s"}
             full_text = next(row for row in r["rows"] if row["mode"] == "full_text")
             assert full_text["classes"]["all"]["recall@10"] > 0.5
+        for r in results["locomo_prompt"]:  # auto-recall puts evidence in front of the model
+            everything = r["classes"]["all"]
+            assert everything["questions"] > 50 and everything["lcm_recall"] > everything["lcm"]
+            assert 0 < r["block_tokens_per_turn"] <= 300
+        assert "Evidence in the prompt" in done.stdout
     else:
         assert "locomo skipped: LCM_LOCOMO_DIR is not set" in done.stdout
     for r in results["startup"]:

@@ -48,6 +48,7 @@ RUNS: dict[tuple[str, ...], list[str]] = {
     ("export",): ["-o", "{tmp}/out.jsonl"],
     ("forget",): ["--match", "nothing-like-this", "--dry-run"],
     ("grep",): ["anything"],
+    ("recall",): ["anything"],
     ("hermes", "install"): ["--hermes-home", "{tmp}/hermes-home"],
     ("hermes", "uninstall"): ["--hermes-home", "{tmp}/hermes-home"],
     ("import",): ["hermes", "{tmp}/missing-state.db"],
