@@ -31,6 +31,7 @@ from benchmarks.locomo import CATEGORIES, data_dir, turns_of
 from lcm.config import LcmConfig, local_model_installed
 from lcm.engine import LcmEngine
 from lcm.messages import content_text
+from lcm.store import Store
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant with a long memory."}
 HERMES_HEAD, HERMES_TAIL = 3, 20
@@ -41,10 +42,11 @@ def _text_of(messages: list[dict[str, Any]]) -> str:
 
 
 def run(backend: str, url: str, *, data: str | None = None, window: int = 16_000, conversations: int | None = None,
-        semantic: bool | None = None) -> dict[str, Any]:
+        semantic: bool | None = None, recall_tokens: int | None = None) -> dict[str, Any]:
     """``conversations``: the first N only; ``semantic``: search with the local model (default:
-    when it is installed)."""
+    when it is installed); ``recall_tokens``: LCM_AUTO_RECALL_MAX_TOKENS (default: lcm's)."""
     folder = data_dir(data)
+    Store.open(url, upgrade=True)  # a PostgreSQL schema is never upgraded implicitly
     semantic = local_model_installed() if semantic is None else semantic
     paths = sorted(folder.glob("*.json"))[:conversations]
     counts = {"questions": 0, "lcm": 0, "lcm_recall": 0, "recall_only": 0, "tail": 0}
@@ -57,7 +59,8 @@ def run(backend: str, url: str, *, data: str | None = None, window: int = 16_000
         raw = json.loads(path.read_text(encoding="utf-8"))
         conversation = raw.get("conversation", raw)
         config = LcmConfig.from_env({}, database_url=url, agent_id=f"locomo-prompt-{path.stem}",
-                                    summarizer="extractive", embeddings="local" if semantic else "off")
+                                    summarizer="extractive", embeddings="local" if semantic else "off",
+                                    **({"auto_recall_max_tokens": recall_tokens} if recall_tokens else {}))
         engine = LcmEngine(config)
         engine.update_model("bench-model", window)
         engine.on_session_start("conversation")
@@ -108,7 +111,8 @@ def run(backend: str, url: str, *, data: str | None = None, window: int = 16_000
         engine.on_session_end("conversation")
     with_block = [t for t in block_tokens if t]
     return {
-        "window": window, "messages": stored, "compactions": compactions,
+        "window": window, "messages": stored, "recall_tokens": config.auto_recall_max_tokens,
+        "compactions": compactions,
         "semantic": semantic, "conversations": [p.stem for p in paths],
         "classes": {k: {"questions": v["questions"], **{n: v[n] / v["questions"] for n in
                                                        ("lcm", "lcm_recall", "recall_only", "tail")}}

@@ -145,7 +145,7 @@ class LcmConfig:
     embedding_model_dir: str | None = _spec(None, "LCM_EMBEDDING_MODEL_DIR", _text, "folder with all-MiniLM-L6-v2's model.safetensors and tokenizer.json for LCM_EMBEDDINGS=local (default: the package the [semantic] extra installs)")
     semantic_floor: float | None = _spec(None, "LCM_SEMANTIC_FLOOR", lambda n, r: _parse_float(n, r, -1.0, 1.0), "cosine similarity below which a semantic hit is not returned (default: the model's calibrated floor, 0.35 for the local model; 0 for an endpoint's)")
     auto_recall: bool = _spec(True, "LCM_AUTO_RECALL", _bool, "before each model call, add the best stored matches of the new user message that the context lacks (docs/recall.md)")
-    auto_recall_max_tokens: int = _spec(300, "LCM_AUTO_RECALL_MAX_TOKENS", _int(50, 20_000), "size of the auto-recall block at most")
+    auto_recall_max_tokens: int = _spec(1_000, "LCM_AUTO_RECALL_MAX_TOKENS", _int(50, 20_000), "size of the auto-recall block at most")
     ignore_session_patterns: tuple[str, ...] = _spec((), "LCM_IGNORE_SESSION_PATTERNS", _models, "comma list of globs on session id, platform or platform:id: such sessions are not stored at all")
     stateless_session_patterns: tuple[str, ...] = _spec((), "LCM_STATELESS_SESSION_PATTERNS", _models, "comma list of globs (same keys): such sessions are read-only (recall works, nothing is written)")
     ignore_message_patterns: tuple[str, ...] = _spec((), "LCM_IGNORE_MESSAGE_PATTERNS", _models, "comma list of regular expressions: conversation messages whose text matches are not stored")

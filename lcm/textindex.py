@@ -299,7 +299,15 @@ def make_snippet(body: str, query: Query, width: int = SNIPPET_CHARS, *, loose: 
     prefixes = tuple(t.tokens[-1] for t in query.positive_terms() if t.prefix)
     scan = body[:SNIPPET_SCAN_CHARS]
 
+    seen: dict[tuple[str, bool], bool] = {}  # a body repeats its words: decide each once
+
     def matches(word: str, anchor_only: bool) -> bool:
+        known = seen.get((word, anchor_only))
+        if known is None:
+            known = seen[word, anchor_only] = decide(word, anchor_only)
+        return known
+
+    def decide(word: str, anchor_only: bool) -> bool:
         wanted = first_tokens if anchor_only else all_tokens
         for tok in tokenize(space_unspaced_scripts(word)):
             if tok in wanted:

@@ -114,9 +114,9 @@ class SearchRepository:
                 messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
                 tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
             at = {(r.session_id, r.seq): r.id for r in around}
+            # Exact-word snippets: a neighbour is returned for where it is, not for its words.
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
-                              limit=len(at) or 1,
-                              stemmed=True)
+                              limit=len(at) or 1)
             hits = {h.id: replace(h, match="neighbour")
                     for h in _message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
         return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))

@@ -25,12 +25,16 @@ from lcm.messages import RECALL_CLOSE, RECALL_OPEN, content_hash, content_text, 
 from lcm.records import MessageRecord
 from lcm.tools.retrieval import find
 
-#: Hits asked of the search; the block takes the best of them that fit.
-CANDIDATES = 8
+#: Hits asked of the search; the block takes the best of them that fit. On LoCoMo's dev split
+#: (benchmarks/locomo_prompt.py) evidence in the prompt was 0.80 with 8 and a 600-token block,
+#: 0.85 with 12 and 800, 0.87 with 16 and 1,000 (210 tokens per turn on average).
+CANDIDATES = 16
 #: Characters of the user message used as the query (its beginning says what it is about).
 QUERY_CHARS = 2_000
-#: A quoted turn gets at most this share of the block, so one long turn cannot fill it alone.
+#: A quoted turn gets at most this share of the block and this many tokens, so one long turn
+#: (a pasted log) cannot fill it alone; its beginning says what it is, lcm_expand has the rest.
 MAX_SHARE_PER_HIT = 0.5
+MAX_TOKENS_PER_HIT = 250
 HEADER = f'{RECALL_OPEN} note="stored messages that match this one, not in the context; lcm_expand store_id=N">'
 
 
@@ -113,7 +117,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
     count = context.tokens.count_text
     frame = count(HEADER + "\n\n" + RECALL_CLOSE)
     room = max_tokens - frame
-    per_hit = max(20, int(max_tokens * MAX_SHARE_PER_HIT))
+    per_hit = max(20, min(MAX_TOKENS_PER_HIT, int(max_tokens * MAX_SHARE_PER_HIT)))
     lines: list[str] = []
     for record in chosen:
         body = " ".join(message_text(record.message).split())

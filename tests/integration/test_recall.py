@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import string
+import uuid
 from typing import Any
 
 import pytest
@@ -145,19 +146,21 @@ def test_the_block_is_never_stored_whatever_the_host_sends_back(make_engine, db_
 
 
 def test_hermes_pre_llm_call_hook_answers_for_its_own_session_only(make_engine):
+    # The hook is process-wide: session ids of this test alone (other tests' engines may live on).
+    live, quiet = f"live-{uuid.uuid4().hex}", f"quiet-{uuid.uuid4().hex}"
     engine = make_engine(context_length=100_000, embeddings="off")
     converse(engine, "old", [(FACT, "Noted.")])
-    engine.on_session_start("live")
+    engine.on_session_start(live)
     history = [SYSTEM, {"role": "user", "content": "vault recovery phrase hint?"}]
-    got = hooks.pre_llm_call(session_id="live", user_message="vault recovery phrase hint?",
+    got = hooks.pre_llm_call(session_id=live, user_message="vault recovery phrase hint?",
                              conversation_history=history, is_first_turn=False, model="m", platform="cli")
     assert got is not None and FACT in got["context"]
-    assert hooks.pre_llm_call(session_id="someone-else", user_message="vault recovery phrase hint?",
+    assert hooks.pre_llm_call(session_id=f"someone-else-{uuid.uuid4().hex}", user_message="vault recovery phrase hint?",
                               conversation_history=history) is None
     assert call(engine, "lcm_status")["recall"]["last"]["store_ids"]
     off = make_engine(context_length=100_000, embeddings="off", auto_recall=False)
-    off.on_session_start("quiet")
-    assert hooks.pre_llm_call(session_id="quiet", user_message="vault recovery phrase hint?",
+    off.on_session_start(quiet)
+    assert hooks.pre_llm_call(session_id=quiet, user_message="vault recovery phrase hint?",
                               conversation_history=history) is None
 
 
@@ -170,7 +173,7 @@ def test_lcm_recall_prints_the_block(make_engine, db_url, lcm, monkeypatch):
                          "--json")
     assert code == 0, err
     block = json.loads(out)
-    assert FACT in block["text"] and block["mode"] == "full_text" and block["tokens"] <= 300
+    assert FACT in block["text"] and block["mode"] == "full_text" and block["tokens"] <= 1000
     code, out, err = lcm("recall", "qzxv wkpl", "--url", db_url, "--agent", engine.agent_id)
     assert code == 0 and "nothing to recall" in out + err
     # Asked in the old session, whose messages are all in its context: nothing to add.
