@@ -192,9 +192,11 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
         say(f"note: {res['degraded_reason']}")
     some = sum(h.get("match") == "any" for h in res["results"])
     near = sum(h.get("match") == "semantic" for h in res["results"])
+    beside = sum(h.get("match") == "neighbour" for h in res["results"])
     say(f"{res['total_results']} hit(s) for {query!r}"
         + (f" ({some} with only some of its words)" if some else "")
         + (f" ({near} by meaning alone)" if near else "")
+        + (f" ({beside} next to hits in their session)" if beside else "")
         + (" (only the newest matches were ranked)" if res.get("candidates_clamped") else ""))
     for hit in res["results"]:
         ref = f"msg:{hit['store_id']}" if hit["type"] == "message" else f"node:{hit['node_id']}"
