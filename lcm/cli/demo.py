@@ -135,5 +135,6 @@ def _show(result: dict[str, Any], last: str, url: str | None) -> None:
                               else "NO: the stored message differs from the transcript"))
     say("")
     say("next, try (one command per line):")
-    for command in ("lcm sessions", "lcm grep ERR_LEDGER_DRIFT", "lcm describe", "lcm expand node:<id>"):
+    for command in ("lcm sessions", "lcm grep ERR_LEDGER_DRIFT", "lcm recall 'which port is staging Postgres on?'",
+                    "lcm describe", "lcm expand node:<id>"):
         say(f"  {command} --agent {result['agent']}" + ("" if url is None else f" --url '{url}'"))
