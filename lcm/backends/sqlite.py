@@ -34,6 +34,7 @@ from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 from lcm.backends import Backend, IndexRow, SearchSpec, post_filters, role_token, window_rank
 from lcm.config import sqlite_busy_timeout_ms
 from lcm.errors import first_line
+from lcm.files import create_private
 from lcm.records import Candidate, CheckResult
 from lcm.textindex import Query, Term
 
@@ -109,7 +110,11 @@ class SQLiteBackend(Backend):
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000.0, "check_same_thread": False}}
 
     def prepare_location(self, url: URL) -> None:
-        Path(str(url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        """The store's file and folder, created owner-only when new (``lcm.files``): SQLite gives
+        its WAL and shared-memory files the database file's mode."""
+        database = str(url.database or "")
+        if database and database != ":memory:" and not database.startswith("file:"):
+            create_private(Path(database).expanduser())
 
     def configure_engine(self, engine: Engine) -> None:
         busy_timeout_ms = self.busy_timeout_ms
@@ -476,7 +481,7 @@ class SQLiteBackend(Backend):
         import sqlite3
 
         target = Path(destination).expanduser()
-        target.parent.mkdir(parents=True, exist_ok=True)
+        create_private(target)  # a copy of the conversations: owner-only when new
         raw = engine.raw_connection()
         try:
             source: Any = raw.driver_connection  # the sqlite3 connection under the pool's proxy

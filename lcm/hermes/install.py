@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -27,6 +26,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from lcm.config import database_url_from_env, hermes_home_from_env
 from lcm.errors import ConfigError, first_line
+from lcm.files import write_atomic
 from lcm.store import Store
 from lcm.store.connection import display_url, resolve_url
 
@@ -98,9 +98,9 @@ def _load_config(path: Path) -> Any:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.lcm-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """A Hermes file rewritten in one step; a new one is owner-only when it may hold a secret
+    (``.env``: a database URL with its password, Hermes' own API keys)."""
+    write_atomic(path, text, private=path.name == ".env")
 
 
 def _dump(data: Any) -> str:
@@ -110,7 +110,9 @@ def _dump(data: Any) -> str:
 
 
 def _backup(path: Path, report: SetupReport) -> None:
-    if path.exists():
+    """A copy of ``path`` as it was before lcm first changed it (one: the user's own version;
+    later installs and uninstalls change only what lcm wrote). It keeps the file's mode."""
+    if path.exists() and not any(path.parent.glob(f"{path.name}.bak-lcm-*")):
         target = path.with_name(f"{path.name}.bak-lcm-{time.strftime('%Y%m%d-%H%M%S')}")
         n = 1
         while target.exists():
@@ -165,6 +167,19 @@ def _set_env_line(home: Path, key: str, value: str, report: SetupReport) -> None
     _backup(path, report)
     _write_atomic(path, "\n".join([*kept, new]) + "\n")
     report.changes.append(f"set {key} in {path}")
+
+
+def _remove_env_line(home: Path, key: str, value: str, report: SetupReport) -> None:
+    """Take out the ``key=value`` line lcm wrote (a password must not outlive lcm's use of it);
+    a line the user changed since is theirs and stays."""
+    path = home / ".env"
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() != f"{key}={value}"]
+    if len(kept) != len(lines):
+        _write_atomic(path, "".join(f"{line}\n" for line in kept))
+        report.changes.append(f"removed {key} from {path}")
 
 
 def _hermes_importable() -> bool:
@@ -236,7 +251,7 @@ def _enable_in_config(home: Path, state_path: Path, report: SetupReport) -> None
     if _dump(config) != before:
         _backup(report.config, report)
         _write_atomic(report.config, _dump(config))
-    state_path.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    _write_atomic(state_path, json.dumps(state, indent=2) + "\n")
 
 
 def _prepare_database(home: Path, database_url: str | None, report: SetupReport) -> None:
@@ -245,6 +260,10 @@ def _prepare_database(home: Path, database_url: str | None, report: SetupReport)
     if database_url:
         Store.open(database_url, upgrade=True)
         _set_env_line(home, "LCM_DATABASE_URL", database_url, report)
+        state_path = home / "plugins" / PLUGIN_NAME / STATE_FILE
+        state = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else {}
+        state["env_database_url"] = database_url  # what uninstall takes out again
+        _write_atomic(state_path, json.dumps(state, indent=2) + "\n")
         report.database = display_url(resolve_url(database_url))
     else:
         report.database = _database_for(home)
@@ -278,9 +297,17 @@ def uninstall(home: Path) -> SetupReport:
             else:
                 del context["engine"]
                 report.changes.append("removed context.engine (Hermes' built-in compressor again)")
+        for key, inner in (("plugins", "enabled"), ("context", None)):  # sections left empty by lcm
+            section = config.get(key)
+            if isinstance(section, dict) and inner and section.get(inner) == []:
+                del section[inner]
+            if isinstance(section, dict) and not section:
+                del config[key]
         if _dump(config) != before:
             _backup(report.config, report)
             _write_atomic(report.config, _dump(config))
+    if state.get("env_database_url"):
+        _remove_env_line(home, "LCM_DATABASE_URL", state["env_database_url"], report)
     if plugin_dir.exists():
         shutil.rmtree(plugin_dir)
         report.changes.append(f"removed {plugin_dir}")

@@ -66,8 +66,12 @@ def test_uninstall_restores_what_install_replaced(lcm, home):
     assert not (home / "plugins" / "lcm").exists()
     text = (home / "config.yaml").read_text(encoding="utf-8")
     assert "engine: compressor" in text and "- hermes-lcm" in text and "- lcm\n" not in text
-    assert "# the model I like" in text and report["backups"]
+    assert "# the model I like" in text and report["backups"] == []  # the one from install is the user's
     assert json.loads(lcm("hermes", "uninstall", "--hermes-home", str(home), "--json")[1])["changed"] is False
+    installed(lcm, home)  # again and again: still one backup, the user's own config
+    lcm("hermes", "uninstall", "--hermes-home", str(home))
+    [kept] = home.glob("config.yaml.bak-lcm-*")
+    assert kept.read_text(encoding="utf-8") == CONFIG
 
 
 def test_a_home_without_an_engine_gets_its_default_back(lcm, tmp_path):
