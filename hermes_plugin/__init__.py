@@ -26,7 +26,8 @@ def register(ctx) -> None:
         import sys
 
         log.error("lcm: the lossless-context package is not importable from Hermes' Python (%s): %s. "
-                  "Install it into that environment: %s -m pip install lossless-context",
+                  "Install it into that environment from an lcm checkout or wheel (lossless-context is "
+                  "not on PyPI yet): %s -m pip install /path/to/lcm-checkout",
                   sys.executable, exc, sys.executable)
         return
     engine = build_engine(ctx)

@@ -105,6 +105,22 @@ LOCAL_MODEL_BUNDLES = (
 )
 
 
+def install_command(extra: str | None = None) -> str:
+    """The command that installs lcm with ``extra``, as an error can tell a user to run it.
+
+    ``lossless-context`` is not published on PyPI yet, so ``pip install lossless-context``
+    fails: an lcm running from a checkout names that checkout; an installed one names the wheel
+    it came from (pip takes extras on a wheel's path) or a checkout."""
+    suffix = f"[{extra}]" if extra else ""
+    checkout = Path(__file__).resolve().parent.parent
+    project = checkout / "pyproject.toml"
+    if project.is_file() and 'name = "lossless-context"' in project.read_text(encoding="utf-8", errors="replace"):
+        return f"pip install '{checkout}{suffix}'"
+    from lcm import __version__
+    return (f"pip install 'lossless_context-{__version__}-py3-none-any.whl{suffix}' (the wheel lcm came "
+            f"from; or '<an lcm checkout>{suffix}': lossless-context is not on PyPI yet)")
+
+
 def local_model_installed() -> bool:
     """The ``[semantic]`` extra is installed: the local model's weights and what runs them
     (looked up without importing anything)."""

@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 #: and averaging or truncating models gain nothing from more.
 EMBED_CHARS = 4_000
 #: Why vectors cannot be used at all.
-NEED_NUMPY = ("embeddings need numpy: pip install 'lossless-context[semantic]' "
-              "(or set LCM_EMBEDDINGS=off)")
+NEED_NUMPY = "embeddings need numpy: pip install numpy (it comes with lcm's semantic extra), or set LCM_EMBEDDINGS=off"
 
 
 def numpy() -> Any:

@@ -26,6 +26,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.engine import URL
 
+from lcm.config import install_command
 from lcm.errors import ConfigError
 from lcm.records import Candidate, CheckResult
 from lcm.textindex import Query, Term
@@ -253,7 +254,7 @@ def backend_for_url(url: URL) -> Backend:
 
         if find_spec("psycopg") is None:
             raise ConfigError("a PostgreSQL URL needs psycopg, which comes with the postgres extra: "
-                              "pip install 'lossless-context[postgres]'")
+                              + install_command("postgres"))
         from lcm.backends.postgres import PostgresBackend
 
         return PostgresBackend()

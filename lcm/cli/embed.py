@@ -13,7 +13,7 @@ import click
 
 from lcm.cli.common import emit_json, json_option, progress_bar, say, url_option
 from lcm.cli.stores import open_store
-from lcm.config import LcmConfig
+from lcm.config import LcmConfig, install_command
 from lcm.context.embed import backfill, embedder_for
 from lcm.errors import ConfigError
 
@@ -31,9 +31,8 @@ def embed_command(url: str | None, agent: str | None, as_json: bool, batch: int,
     config = LcmConfig.from_env()
     embedder = embedder_for(config)
     if embedder is None:
-        raise ConfigError("embeddings are off: set LCM_EMBEDDINGS=local (pip install "
-                          "'lossless-context[semantic]') or LCM_EMBEDDINGS=openai with LCM_EMBEDDING_BASE_URL "
-                          "and LCM_EMBEDDING_MODEL")
+        raise ConfigError(f"embeddings are off: set LCM_EMBEDDINGS=local ({install_command('semantic')}) "
+                          "or LCM_EMBEDDINGS=openai with LCM_EMBEDDING_BASE_URL and LCM_EMBEDDING_MODEL")
     store = open_store(url)
     before = store.vectors.coverage(embedder.model, agent=agent)
     started = time.perf_counter()

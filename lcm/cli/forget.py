@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from lcm.cli.common import agent_option, emit_json, json_option, say, stderr, url_option
 from lcm.cli.stores import context_on, open_store
+from lcm.cli.times import TIME, TIME_HELP
 from lcm.errors import ConfigError
 from lcm.store.forget import ForgetPlan, ForgetSelector
-from lcm.tools.args import parse_timestamp_arg
 
 DEFAULT_CONTEXT = 128_000
 #: Forced compaction rounds per session when summarizing again, at most.
@@ -23,9 +21,8 @@ MAX_REBUILD_ROUNDS = 1000
 @agent_option
 @json_option
 @click.option("--session", "sessions", multiple=True, metavar="ID", help="Only this session (repeatable).")
-@click.option("--since", "time_from", metavar="TIME",
-              help="Only messages at or after this time (Unix seconds or ISO-8601 with a zone).")
-@click.option("--until", "time_to", metavar="TIME", help="Only messages at or before this time.")
+@click.option("--since", "time_from", type=TIME, help="Only messages at or after this time: " + TIME_HELP)
+@click.option("--until", "time_to", type=TIME, help="Only messages at or before this time (same forms).")
 @click.option("--match", metavar="TEXT",
               help="Only messages (and summaries, system prompts) containing this text, any case.")
 @click.option("--regex", metavar="RE",
@@ -38,15 +35,15 @@ MAX_REBUILD_ROUNDS = 1000
                    "free page keeps a copy.")
 @click.option("--context-length", type=click.IntRange(1_000), default=DEFAULT_CONTEXT, show_default=True,
               help="The model window to summarize what remains for.")
-def forget_command(url: str | None, agent: str, as_json: bool, sessions: tuple[str, ...], time_from: str | None,
-                   time_to: str | None, match: str | None, regex: str | None, everything: bool, dry_run: bool,
+def forget_command(url: str | None, agent: str, as_json: bool, sessions: tuple[str, ...], time_from: float | None,
+                   time_to: float | None, match: str | None, regex: str | None, everything: bool, dry_run: bool,
                    yes: bool, vacuum: bool, context_length: int) -> None:
     """Erase messages for good: from the messages, the search index, the vectors and every
     summary that covers them (summaries are then rebuilt from what remains). Shows what would
     go first; every condition given must hold."""
     selector = ForgetSelector(
         agent=agent, session_keys=sessions, everything=everything, match=match, regex=regex,
-        time_from=_time(time_from, "--since"), time_to=_time(time_to, "--until"))
+        time_from=time_from, time_to=time_to)
     store = open_store(url)
     plan = store.forget.plan(selector)
     if dry_run or not plan.sessions:
@@ -84,19 +81,6 @@ def forget_command(url: str | None, agent: str, as_json: bool, sessions: tuple[s
         f"{len(plan.sessions)} session(s); summarized again: {sum(rebuilt.values())} summaries")
     if not vacuum:
         say("the freed space is zeroed on SQLite; lcm forget --vacuum (or VACUUM) also compacts the file")
-
-
-def _time(value: str | None, option: str) -> float | None:
-    if value is None:
-        return None
-    try:
-        raw: Any = float(value)
-    except ValueError:
-        raw = value
-    try:
-        return parse_timestamp_arg(option, raw)
-    except Exception as exc:  # noqa: BLE001 - the parser's message, as a setting error
-        raise ConfigError(str(exc).replace("time_from", option)) from None
 
 
 def _show_plan(plan: ForgetPlan, *, as_json: bool, dry_run: bool) -> None:

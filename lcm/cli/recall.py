@@ -33,6 +33,7 @@ from lcm.cli.common import (
     when,
 )
 from lcm.cli.stores import latest_session_key, open_context, open_store
+from lcm.cli.times import TIME, TIME_HELP
 from lcm.context.session import ContextSession
 from lcm.tools import call_tool
 from lcm.tools.autorecall import recall_block
@@ -157,8 +158,8 @@ def recall_command(message: str, url: str | None, agent: str, as_json: bool, ses
 @click.option("--session", "session_key", metavar="ID",
               help="Search this session (messages and its summaries); default: all the agent's sessions.")
 @click.option("--role", help="Only messages of this role.")
-@click.option("--since", "time_from", metavar="TIME", help="Unix seconds or ISO-8601 with a zone.")
-@click.option("--until", "time_to", metavar="TIME", help="Unix seconds or ISO-8601 with a zone.")
+@click.option("--since", "time_from", type=TIME, help="Only messages at or after this time: " + TIME_HELP)
+@click.option("--until", "time_to", type=TIME, help="Only messages at or before this time (same forms).")
 @click.option("--source", help="Only sessions of this platform (cli, telegram, ...).")
 @click.option("--sort", type=click.Choice(["recency", "relevance", "hybrid"]), default="recency", show_default=True)
 @click.option("--mode", type=click.Choice(["full_text", "semantic", "hybrid"]), default=None,
@@ -166,7 +167,7 @@ def recall_command(message: str, url: str | None, agent: str, as_json: bool, ses
                    "are on (LCM_EMBEDDINGS), else full_text.")
 @click.option("--limit", type=int, default=20, show_default=True, help="Hits (at most 200).")
 def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv: bool, session_key: str | None,
-                 role: str | None, time_from: str | None, time_to: str | None, source: str | None,
+                 role: str | None, time_from: float | None, time_to: float | None, source: str | None,
                  sort: str, mode: str | None, limit: int) -> None:
     """Search stored messages and summaries (the lcm_grep tool): every word first, then any of
     the content words, best first."""
@@ -175,7 +176,7 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
         context.attach(session_key)
     res = call_tool(context, "lcm_grep", query=query, limit=limit, sort=sort, mode=mode, role=role, source=source,
                     session_scope="current" if session_key is not None else "all",
-                    time_from=_time_arg(time_from), time_to=_time_arg(time_to))
+                    time_from=time_from, time_to=time_to)
     if as_json:
         emit_json(res)
         return
@@ -208,15 +209,6 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
     if res.get("limit_clamped_from"):
         say(f"(limit clamped from {res['limit_clamped_from']})")
     say("open one with: lcm expand <ref>")
-
-
-def _time_arg(value: str | None) -> Any:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return value
 
 
 def attach_to_node(context: ContextSession, node_id: int) -> None:

@@ -10,6 +10,7 @@ import click
 
 from lcm.cli.common import emit_json, json_option, say, url_option
 from lcm.cli.stores import require_existing
+from lcm.config import install_command
 from lcm.errors import ConfigError
 from lcm.store import Store
 from lcm.store import connection as db
@@ -28,7 +29,7 @@ def ui_command(url: str | None, as_json: bool, host: str, port: int, token: str 
     """Explore the store in a browser: agents, sessions, messages, the summary DAG, search,
     status and health. Read-only. --json prints the address as JSON, then serves."""
     if find_spec("starlette") is None or find_spec("uvicorn") is None or find_spec("jinja2") is None:
-        raise ConfigError("lcm ui needs the ui extra: pip install 'lossless-context[ui]'")
+        raise ConfigError(f"lcm ui needs the ui extra: {install_command('ui')}")
     from lcm.ui.app import create_app
     from lcm.ui.serve import bind, is_loopback, run
 

@@ -24,7 +24,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from lcm.config import database_url_from_env, hermes_home_from_env
+from lcm.config import database_url_from_env, hermes_home_from_env, install_command
 from lcm.errors import ConfigError, first_line
 from lcm.files import write_atomic
 from lcm.store import Store
@@ -207,7 +207,7 @@ def install(home: Path, *, database_url: str | None = None) -> SetupReport:
         report.warnings.append(
             f"Hermes is not importable from this Python ({sys.executable}): lcm must be installed "
             "into the environment that runs hermes, or the plugin cannot load "
-            "(<hermes python> -m pip install lossless-context, then run lcm hermes install from there)")
+            f"(<hermes python> -m {install_command()}, then run lcm hermes install from there)")
     return report
 
 

