@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import click
@@ -117,6 +118,16 @@ def show_table(table: Table) -> None:
         stdout.print(table, crop=False)
     finally:
         stdout._width = before
+
+
+@contextmanager
+def resumable(command: str, kept: str) -> Iterator[None]:
+    """Ctrl-C inside: say what is kept and that the same command continues (then exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        stderr.print(f"{command}: interrupted; {kept}: run the same command again to continue", markup=False)
+        raise
 
 
 def say(text: str) -> None:

@@ -11,7 +11,7 @@ import time
 
 import click
 
-from lcm.cli.common import emit_json, json_option, progress_bar, say, url_option
+from lcm.cli.common import emit_json, json_option, progress_bar, resumable, say, url_option
 from lcm.cli.stores import open_store
 from lcm.config import LcmConfig, install_command
 from lcm.context.embed import backfill, embedder_for
@@ -41,7 +41,8 @@ def embed_command(url: str | None, agent: str | None, as_json: bool, batch: int,
         if bar is not None:
             task = bar.add_task(f"embed with {embedder.model}", total=before.pending, unit="rows")
             progress = lambda n: bar.advance(task, n)  # noqa: E731 - one call site
-        done = backfill(store.vectors, embedder, agent=agent, batch=batch, progress=progress)
+        with resumable("embed", "every vector written so far is kept"):
+            done = backfill(store.vectors, embedder, agent=agent, batch=batch, progress=progress)
     seconds = time.perf_counter() - started
     pruned = store.vectors.prune(embedder.model, agent=agent) if prune else 0
     after = store.vectors.coverage(embedder.model, agent=agent)

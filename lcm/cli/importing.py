@@ -9,11 +9,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import emit_json, json_option, say, show_table, url_option
+from lcm.cli.common import emit_json, json_option, resumable, say, show_table, url_option
 from lcm.cli.stores import context_on, open_store
 from lcm.cli.transfer import DEFAULT_CONTEXT, import_plans, ingest_command
 from lcm.importers import read_hermes_state
-from lcm.transfer import SessionPlan
+from lcm.transfer import SessionPlan, plan_sessions, read_transcript
 
 FORMATS = ("hermes", "jsonl")
 
@@ -36,17 +36,23 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
                    context_length: int) -> None:
     """Import another store: hermes (Hermes' state.db: every session, message, tool call and
     system prompt) or jsonl (what lcm export writes). Idempotent; the file is only read."""
-    if format_name == "jsonl":
-        if len(sessions) > 1 or dry_run:
-            raise click.UsageError("lcm import jsonl takes at most one --session and no --dry-run (it is lcm ingest)")
-        ctx.invoke(ingest_command, source=path, url=url, agent=agent or "default", as_json=as_json,
-                   session_key=sessions[0] if sessions else None, platform=None, skip_bad=False,
-                   no_compact=no_compact, context_length=context_length)
-        return
-    found, rewound = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
     by_agent: dict[str, list[SessionPlan]] = defaultdict(list)
-    for profile, plan in found:
-        by_agent[agent or profile].append(plan)
+    if format_name == "jsonl":
+        if len(sessions) > 1:
+            raise click.UsageError("lcm import jsonl takes at most one --session (the session the file goes to, "
+                                   "as for lcm ingest)")
+        if not dry_run:
+            ctx.invoke(ingest_command, source=path, url=url, agent=agent or "default", as_json=as_json,
+                       session_key=sessions[0] if sessions else None, platform=None, skip_bad=False,
+                       no_compact=no_compact, context_length=context_length)
+            return
+        transcript = read_transcript(path, skip_bad=False)  # a bad file fails here, line by line
+        by_agent[agent or "default"] = plan_sessions(transcript, session_key=sessions[0] if sessions else None)
+        rewound = 0
+    else:
+        found, rewound = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
+        for profile, plan in found:
+            by_agent[agent or profile].append(plan)
     store = open_store(url, create=not dry_run)
     rows: list[dict[str, Any]] = []
     for name, plans in by_agent.items():
@@ -59,7 +65,8 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
                              "added": max(0, len(plan.entries) - stored)})
             continue
         context = context_on(store, name, context_length=context_length)
-        reports, _ = import_plans(context, plans, compact=not no_compact, show_progress=not as_json)
+        with resumable("import", "every message stored so far is kept, once"):
+            reports, _ = import_plans(context, plans, compact=not no_compact, show_progress=not as_json)
         rows += [{"agent": name, "session_id": r.session_key, "in_file": r.in_file,
                   "already_stored": r.already_stored, "added": r.added, "system_prompts_kept": r.system_prompts}
                  for r in reports]

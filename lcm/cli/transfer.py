@@ -11,7 +11,17 @@ from typing import Any
 import click
 from rich.table import Table
 
-from lcm.cli.common import agent_option, emit_json, json_option, progress_bar, say, show_table, stderr, url_option
+from lcm.cli.common import (
+    agent_option,
+    emit_json,
+    json_option,
+    progress_bar,
+    resumable,
+    say,
+    show_table,
+    stderr,
+    url_option,
+)
 from lcm.cli.stores import context_on, open_store
 from lcm.context.embed import backfill
 from lcm.context.session import ContextSession
@@ -107,8 +117,9 @@ def ingest_command(source: str, url: str | None, agent: str, as_json: bool, sess
         plan.platform = plan.platform or platform
     store = open_store(url, create=True)
     context = context_on(store, agent, context_length=context_length)
-    reports, outcomes = import_plans(context, plans, compact=not no_compact,
-                                     show_progress=not as_json and bool(plans))
+    with resumable("ingest", "every message stored so far is kept, once"):
+        reports, outcomes = import_plans(context, plans, compact=not no_compact,
+                                         show_progress=not as_json and bool(plans))
     if any(r.added for r in reports):
         store.health.optimize()  # a bulk import changes word frequencies: refresh the statistics
     depth_counts: dict[str, dict[str, int]] = {}

@@ -251,6 +251,20 @@ def test_export_never_overwrites_without_force_and_keeps_the_files_permissions(l
     assert target.read_text(encoding="utf-8") == first and target.stat().st_mode & 0o777 == 0o644
 
 
+def test_import_jsonl_dry_run_counts_and_writes_nothing(lcm, ingested, tmp_path):
+    """Issue 33.4: --dry-run, documented for lcm import, works for jsonl too."""
+    exported = tmp_path / "all.jsonl"
+    assert lcm("export", "--url", ingested, "--agent", "ops", "-o", str(exported))[0] == 0
+    same = run_json(lcm, "import", "jsonl", str(exported), "--url", ingested, "--agent", "ops", "--dry-run")
+    [row] = same["sessions"]
+    assert same["dry_run"] and row["session_id"] == "s1" and row["added"] == 0 and row["already_stored"] > 0
+    other = run_json(lcm, "import", "jsonl", str(exported), "--url", ingested, "--agent", "elsewhere", "--dry-run")
+    assert other["messages_added"] == row["in_file"] > 0
+    assert Store.open(ingested).sessions.find("elsewhere", "s1") is None  # nothing was written
+    code, _, err = lcm("import", "jsonl", str(exported), "--url", ingested, "--session", "a", "--session", "b")
+    assert code == 2 and "at most one --session" in err
+
+
 def test_a_failed_export_leaves_no_partial_file(lcm, ingested, tmp_path):
     target = tmp_path / "missing-dir" / "out.jsonl"
     code, _, err = lcm("export", "--url", ingested, "--agent", "ops", "-o", str(target))
