@@ -35,10 +35,44 @@ from lcm.cli.common import (
 from lcm.cli.stores import latest_session_key, open_context, open_store
 from lcm.cli.times import TIME, TIME_HELP
 from lcm.context.session import ContextSession
-from lcm.tools import call_tool
+from lcm.errors import NotFoundError
+from lcm.tools import ToolError
+from lcm.tools import call_tool as tool_call
 from lcm.tools.autorecall import recall_block
 
 REF = re.compile(r"^(msg|node):(\d+)$")
+#: The agent tools' "not found" answers, in command-line words (no tool names, no "store_id").
+_NOT_FOUND = (
+    (re.compile(r"^store_id (\d+) not found"),
+     "msg:{0} is not a message of agent {agent!r} (lcm grep shows message ids)"),
+    (re.compile(r"^node (\d+) not found"),
+     "node:{0} is not a summary of agent {agent!r} (lcm describe shows node ids)"),
+    (re.compile(r"^session '?(.+?)'? not found"),
+     "no session {0!r} for agent {agent!r} (lcm sessions lists them)"),
+)
+
+
+def call_tool(context: ContextSession, name: str, **args: Any) -> dict[str, Any]:
+    """The agent tool's answer; its "not found" said in command-line words, naming the agent
+    searched and the store's other agents (``--agent`` picks one)."""
+    try:
+        return tool_call(context, name, **args)
+    except ToolError as exc:
+        for pattern, words in _NOT_FOUND:
+            found = pattern.match(str(exc))
+            if found:
+                raise NotFoundError(words.format(*found.groups(), agent=context.agent_id)
+                                    + other_agents(context.store, context.agent_id)) from None
+        raise
+
+
+def other_agents(store: Any, agent: str) -> str:
+    """"; this store's other agents: a, b (--agent NAME picks one)", or "" when there are none."""
+    others = [a for a in store.sessions.agents() if a != agent]
+    if not others:
+        return ""
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    return f"; this store's other agents: {shown} (--agent NAME picks one, lcm sessions --all-agents lists all)"
 #: Messages ``lcm load`` asks lcm_load_session for at a time.
 LOAD_PAGE = 200
 
@@ -103,7 +137,8 @@ def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, a
                   for r in rows])
         return
     if not rows:
-        say(f"no sessions for {'any agent' if all_agents else repr(agent)}")
+        say(f"no sessions for {'any agent' if all_agents else 'agent ' + repr(agent)}"
+            + ("" if all_agents else other_agents(store, agent)))
         return
     table = Table(title=f"lcm sessions of {'all agents' if all_agents else repr(agent)}")
     columns = (["agent"] if all_agents else []) + ["session", "platform", "messages", "tokens", "compacted",
@@ -187,7 +222,7 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
                    h.get("match"), h.get("score"), h["snippet"]] for h in res["results"]])
         return
     if not res["results"]:
-        say(f"no match for {query!r}")
+        say(f"no match for {query!r} in agent {agent!r}'s messages" + other_agents(context.store, agent))
         return
     if res.get("degraded"):
         say(f"note: {res['degraded_reason']}")

@@ -251,6 +251,22 @@ def test_export_never_overwrites_without_force_and_keeps_the_files_permissions(l
     assert target.read_text(encoding="utf-8") == first and target.stat().st_mode & 0o777 == 0o644
 
 
+def test_not_found_names_the_agent_searched_and_the_others_there(lcm, ingested):
+    """Issue 33.8: no agent-tool words on the command line, and the way to the right agent."""
+    url = ["--url", ingested]
+    code, _, err = lcm("expand", "msg:99999", *url, "--agent", "nobody")
+    assert code == 1 and "msg:99999 is not a message of agent 'nobody'" in err
+    assert "other agents: ops" in err and "--agent NAME" in err and "store_id" not in err and "lcm_grep" not in err
+    code, _, err = lcm("expand", "node:99999", *url, "--agent", "ops")
+    assert code == 1 and "node:99999 is not a summary of agent 'ops'" in err and "other agents" not in err
+    code, out, _ = lcm("sessions", *url, "--agent", "nobody")
+    assert code == 0 and "no sessions for agent 'nobody'" in out and "other agents: ops" in out
+    code, out, _ = lcm("grep", "zzzyx", *url, "--agent", "nobody")
+    assert code == 0 and "no match for 'zzzyx' in agent 'nobody'" in out and "ops" in out
+    code, _, err = lcm("load", "nope", *url, "--agent", "ops")
+    assert code == 1 and "no session 'nope' for agent 'ops'" in err
+
+
 def test_import_jsonl_dry_run_counts_and_writes_nothing(lcm, ingested, tmp_path):
     """Issue 33.4: --dry-run, documented for lcm import, works for jsonl too."""
     exported = tmp_path / "all.jsonl"
@@ -324,7 +340,7 @@ def test_grep_filters_and_bad_arguments(lcm, ingested):
     code, _, err = lcm("expand", "42", *url)
     assert code == 2 and "msg:ID" in err
     code, _, err = lcm("expand", "msg:999999", *url)
-    assert code == 1 and "not found" in err
+    assert code == 1 and "msg:999999 is not a message of agent 'ops'" in err
     code, _, err = lcm("describe", *url[:2], "--agent", "nobody")
     assert code == 1 and "no sessions" in err
 
