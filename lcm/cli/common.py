@@ -115,9 +115,12 @@ def show_table(table: Table) -> None:
     before = stdout._width  # rich caps print(width=) at the console's own width
     stdout.width = PIPED_WIDTH
     try:
-        stdout.print(table, crop=False)
+        with stdout.capture() as captured:
+            stdout.print(table, crop=False)
     finally:
         stdout._width = before
+    # Cells are padded to their column's width: no line ends in spaces for the next tool.
+    stdout.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 @contextmanager

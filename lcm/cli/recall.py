@@ -121,20 +121,24 @@ def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, a
     agents = store.sessions.agents() if all_agents else [agent]
     rows: list[dict[str, Any]] = []
     for name in agents:
-        for s in itertools.islice(store.sessions.each(name), limit):
+        listed = list(itertools.islice(store.sessions.each(name), limit))
+        # Last activity: the last message's own time (an imported session's is when it was said).
+        last = store.sessions.last_message_times([s.id for s in listed])
+        for s in listed:
             rows.append({"agent": name, "session_id": s.session_key, "aliases": store.sessions.keys(s.id)[1:],
                          "platform": s.platform, "messages": s.message_count, "tokens": s.token_count,
                          "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
-                         "created_at": s.created_at, "updated_at": s.updated_at, "origin": s.origin})
+                         "created_at": s.created_at, "updated_at": s.updated_at,
+                         "last_activity": last.get(s.id, s.updated_at), "origin": s.origin})
     if as_json:
         emit_json({"sessions": rows})
         return
     if as_tsv:
         emit_tsv(["agent", "session_id", "aliases", "platform", "messages", "tokens", "compacted_messages",
-                  "summaries_in_context", "created_at", "updated_at"],
+                  "summaries_in_context", "created_at", "updated_at", "last_activity"],
                  [[r["agent"], r["session_id"], ",".join(r["aliases"]), r["platform"], r["messages"], r["tokens"],
-                   r["compacted_messages"], r["summaries_in_context"], r["created_at"], r["updated_at"]]
-                  for r in rows])
+                   r["compacted_messages"], r["summaries_in_context"], r["created_at"], r["updated_at"],
+                   r["last_activity"]] for r in rows])
         return
     if not rows:
         say(f"no sessions for {'any agent' if all_agents else 'agent ' + repr(agent)}"
@@ -151,7 +155,7 @@ def sessions_command(url: str | None, agent: str, as_json: bool, as_tsv: bool, a
         share = f"{r['compacted_messages'] / r['messages']:.0%}" if r["messages"] else "-"
         cells: list[Text | str] = [Text(r["agent"])] if all_agents else []
         cells += [Text(name), Text(r["platform"] or "-"), f"{r['messages']:,}", f"{r['tokens']:,}", share,
-                  when(r["updated_at"])]
+                  when(r["last_activity"])]
         table.add_row(*cells)
     show_table(table)
 

@@ -9,11 +9,11 @@ last message the two share (``lcm.context.ingest`` explains when one is made).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Select, and_, select, update
+from sqlalchemy import Select, and_, select, tuple_, update
 
 from lcm import codec
 from lcm.errors import NotFoundError
@@ -26,6 +26,8 @@ from lcm.store._core import (
     aliases_t,
     checked_int,
     checked_text,
+    fetch_in,
+    messages_t,
     session_record,
     session_select,
     sessions_t,
@@ -162,6 +164,18 @@ class SessionRepository:
             if len(page) < SESSION_PAGE:
                 return
             after = page[-1].id
+
+    def last_message_times(self, session_pks: Collection[int]) -> dict[int, float]:
+        """The time of each session's last message (the conversation's own time: for an imported
+        session, when it was said, not when it was imported); sessions without messages are left
+        out. One indexed lookup per session (``UNIQUE(session_id, seq)``)."""
+        with self._core.read() as conn:
+            lasts = fetch_in(conn, session_pks, lambda chunk: select(sessions_t.c.id, sessions_t.c.last_seq).where(
+                sessions_t.c.id.in_(chunk), sessions_t.c.last_seq > 0))
+            rows = fetch_in(conn, [(r.id, r.last_seq) for r in lasts], lambda chunk: select(
+                messages_t.c.session_id, messages_t.c.ts).where(
+                tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
+        return {int(r.session_id): float(r.ts) for r in rows}
 
     def agents(self) -> list[str]:
         """Every agent with a row in this store, oldest first."""

@@ -182,7 +182,9 @@ class StoreSync:
             raise SyncConflict(
                 f"{len(conflicts)} session(s) of the target hold other messages than the source's under the same "
                 f"agent and key ({', '.join(conflicts[:5])}{', ...' if len(conflicts) > 5 else ''}): nothing was "
-                "copied; migrate into an empty database, or rename one side's sessions first")
+                "copied; migrate into an empty database, or move such a session aside on one side first: "
+                "lcm export --agent A --session KEY -o KEY.jsonl, then lcm ingest KEY.jsonl --agent A --session "
+                "NEW-KEY, then lcm forget --agent A --session KEY --yes")
         if target_sessions and not self.merge:
             names = ", ".join(f"{a}/{k}" for a, k in list(target_sessions)[:5])
             raise SyncConflict(

@@ -95,11 +95,13 @@ def grep(context: ContextSession, args: Parsed) -> dict[str, Any]:
     return payload
 
 
-def _node_brief(node: SummaryRecord, carried: bool = False) -> dict[str, Any]:
+def _node_brief(node: SummaryRecord, carried_from: str | None = None) -> dict[str, Any]:
+    """A node in ``lcm_describe``'s list; a carried one says whose messages its numbers count
+    (another session's: "messages 1-175 of session s0" in a session of 160)."""
+    covers = f"messages {node.first_seq}-{node.last_seq}" + (f" of session {carried_from}" if carried_from else "")
     brief = {"node_id": node.id, "token_count": node.token_count, "condensed_into": node.parent_id,
-             "expand_hint": node.expand_hint, "covers": f"messages {node.first_seq}-{node.last_seq}",
-             "kind": node.kind}
-    if carried:
+             "expand_hint": node.expand_hint, "covers": covers, "kind": node.kind}
+    if carried_from is not None:
         brief["carried"] = True
     return brief
 
@@ -120,7 +122,8 @@ def describe(context: ContextSession, args: Parsed) -> dict[str, Any]:
             count = (st.count if st else 0) + len(mine)
             entry: dict[str, Any] = {"count": count,
                      "uncondensed": (st.uncondensed if st else 0) + sum(1 for n in mine if n.parent_id is None),
-                     "nodes": [_node_brief(n, True) for n in mine] + [_node_brief(n) for n in own]}
+                     "nodes": [_node_brief(n, store.sessions.get(n.session_pk).session_key) for n in mine]
+                     + [_node_brief(n) for n in own]}
             if count > DESCRIBE_NODES_CAP:
                 entry["nodes"] = entry["nodes"][:DESCRIBE_NODES_CAP]
                 entry["limit_clamped_from"] = count

@@ -132,13 +132,26 @@ def _error(request: Request, status: int, message: str) -> Response:
     return HTMLResponse(html, status_code=status)
 
 
+async def _not_found(request: Request, exc: Exception) -> Response:
+    """An address the explorer does not have: its own page (or JSON), with the way back."""
+    return _error(request, 404, f"no page at {request.url.path}: the explorer starts at / (agents and sessions)")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return _error(request, 405, f"{request.method} is not allowed here: the explorer only reads (GET)")
+
+
 # ------------------------------------------------------------------------------------- views
 
 
 def agents_view(ex: Explorer, request: Request) -> dict[str, Any]:
     agents = []
     for name in ex.store.sessions.agents():
-        sessions = sorted(ex.store.sessions.each(name), key=lambda s: s.updated_at, reverse=True)
+        listed = list(ex.store.sessions.each(name))
+        # Last activity: the session's last message's own time (an imported session's is when it
+        # was said, not when it was imported); a session without messages, its row's time.
+        last = ex.store.sessions.last_message_times([s.id for s in listed])
+        sessions = sorted(listed, key=lambda s: last.get(s.id, s.updated_at), reverse=True)
         agents.append({
             "agent": name, "session_count": len(sessions),
             "messages": sum(s.message_count for s in sessions), "tokens": sum(s.token_count for s in sessions),
@@ -146,6 +159,7 @@ def agents_view(ex: Explorer, request: Request) -> dict[str, Any]:
                 "session_id": s.session_key, "platform": s.platform, "messages": s.message_count,
                 "tokens": s.token_count, "compacted_messages": s.covered_seq, "summaries_in_context": s.summary_count,
                 "created_at": s.created_at, "updated_at": s.updated_at,
+                "last_activity": last.get(s.id, s.updated_at),
                 "source": (s.origin or {}).get("format") if isinstance(s.origin, dict) else None,
             } for s in sessions[:SESSIONS_PER_AGENT]],
             "sessions_clamped_from": len(sessions) if len(sessions) > SESSIONS_PER_AGENT else None,
@@ -329,7 +343,7 @@ def create_app(store: Store, *, token: str | None = None) -> Starlette:
     middleware = [Middleware(SecurityHeaders)]
     if token is not None:
         middleware.insert(0, Middleware(RequireToken, token=token))
-    app = Starlette(routes=routes, middleware=middleware)
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={404: _not_found, 405: _not_allowed})
     app.state.explorer = Explorer(store)
     return app
 

@@ -91,8 +91,12 @@ def test_every_hermes_session_and_message_comes_in_once(state_db, db_url, lcm):
     assert store.messages.get_range(tg.id)[0].message["message_id"] == "77"
     assert store.search.messages("billing", agent="default").hits
     code, out, _ = lcm("sessions", "--url", db_url, "--json")
-    assert {r["session_id"]: r["origin"]["format"] for r in json.loads(out)["sessions"]} == {
+    listed = {r["session_id"]: r for r in json.loads(out)["sessions"]}
+    assert {k: r["origin"]["format"] for k, r in listed.items()} == {
         "20261101_090000_cli": "hermes-state", "20261102_100000_tg": "hermes-state"}
+    # Last activity is when the conversation happened, not when it was imported (issue 33.7).
+    last = store.messages.get_range(cli.id)[-1]
+    assert listed["20261101_090000_cli"]["last_activity"] == last.ts < listed["20261101_090000_cli"]["updated_at"]
 
 
 def test_only_some_sessions_and_into_a_named_agent(state_db, sqlite_url, lcm):

@@ -89,6 +89,9 @@ def test_errors_are_pages_not_tracebacks(explorer):
     assert missing.status_code == 404 and "no session" in missing.text
     assert httpx.get(base + "/a/explorer/node/999999?format=json").json()["error"]
     assert httpx.get(base + "/a/explorer/s/s-main?limit=0").status_code == 400
+    nowhere = httpx.get(base + "/no/such/page")  # issue 33.10: the explorer's own page, not a bare "Not Found"
+    assert nowhere.status_code == 404 and "no page at /no/such/page" in nowhere.text and "<html" in nowhere.text
+    assert httpx.get(base + "/no/such/page?format=json").json()["error"].startswith("no page at")
 
 
 def test_nothing_writes_and_content_is_escaped(explorer):
