@@ -195,7 +195,10 @@ def recall(results: list[dict[str, Any]]) -> list[TableSpec]:
          "fused by reciprocal rank (the default with embeddings on); all_words: every word required "
          "(lcm before issue 15); bm25s: a plain BM25 index over the same messages, same run"
          + (f"; embedding the {r['messages']:,} messages (lcm embed) took {r['embed_s']:.1f} s "
-            f"({r['messages'] / r['embed_s']:,.0f} messages/s)" if r.get("embed_s") else "")]) for r in results]
+            f"({r['messages'] / r['embed_s']:,.0f} messages/s)" if r.get("embed_s") and r.get("vectors") != "stand-in"
+            else "")
+         + ("; STAND-IN VECTORS (random, under the model's name): semantic and hybrid recall mean nothing "
+            "here, their latency is real" if r.get("vectors") == "stand-in" else "")]) for r in results]
 
 
 def fleet(results: list[dict[str, Any]]) -> list[TableSpec]:

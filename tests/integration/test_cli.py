@@ -267,6 +267,14 @@ def test_not_found_names_the_agent_searched_and_the_others_there(lcm, ingested):
     assert code == 1 and "no session 'nope' for agent 'ops'" in err
 
 
+def test_piped_tables_end_no_line_in_spaces(lcm, ingested):
+    """Issue 33.10: plain columns for grep, cut and awk, without trailing blanks."""
+    for args in (("status", "--session", "s1"), ("sessions",), ("status",)):
+        code, out, err = lcm(*args, "--url", ingested, "--agent", "ops")
+        assert code == 0, err
+        assert out.strip() and all(line == line.rstrip() for line in out.splitlines()), args
+
+
 def test_import_jsonl_dry_run_counts_and_writes_nothing(lcm, ingested, tmp_path):
     """Issue 33.4: --dry-run, documented for lcm import, works for jsonl too."""
     exported = tmp_path / "all.jsonl"

@@ -207,6 +207,7 @@ def test_a_foreign_target_is_refused_unless_merging_and_a_conflict_writes_nothin
     settled = table_counts(pg_url)
     code, _, err = lcm("migrate", "--url", clash, "--to", pg_url, "--merge")
     assert code == 1 and "bob/s2" in err and "nothing was copied" in err
+    assert "lcm export --agent A --session KEY" in err and "lcm forget" in err  # advice with commands that exist
     assert table_counts(pg_url) == settled
 
 

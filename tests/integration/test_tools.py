@@ -8,6 +8,7 @@ their scope, and answer every bad call with an ``{"error"}`` that says what to d
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -422,6 +423,8 @@ def test_carried_summaries_show_in_the_new_session(make_engine):
     overview = call(engine, "lcm_describe")
     carried = [n for d in overview["depths"].values() for n in d["nodes"] if n.get("carried")]
     assert overview["session_id"] == "s3" and carried
+    # Their message numbers are another session's, and say so (issue 33.9).
+    assert all(re.fullmatch(r"messages \d+-\d+ of session s[12]", n["covers"]) for n in carried), carried
     word = max(tokenize(call(engine, "lcm_describe", node_id=carried[0]["node_id"])["content"]), key=len)
     hits = call(engine, "lcm_grep", query=word, limit=50)["results"]
     assert hits and {h["type"] for h in hits} == {"summary"}  # raw messages stayed in s1
