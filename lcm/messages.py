@@ -138,8 +138,12 @@ def make_storable(message: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
 #: the API copy of a user message (Hermes' ``api_content``) or, a simpler host, into its content,
 #: and may send it back; lcm never stores it as conversation.
 RECALL_OPEN = "<lcm_recall"
+RECALL_HEADER = f'{RECALL_OPEN} note="stored messages that match this one, not in the context; lcm_expand store_id=N">'
 RECALL_CLOSE = "</lcm_recall>"
-_RECALL_BLOCK = re.compile(r"(?:\n\n)?<lcm_recall(?: [^>\n]*)?>\n.*?\n</lcm_recall>", re.DOTALL)
+#: Only a block as lcm writes it: its exact header line, then quoted lines that each start with
+#: a store id, then the closing tag. Text a user typed that merely mentions the tags is kept.
+_RECALL_BLOCK = re.compile(r"(?:\n\n)?" + re.escape(RECALL_HEADER) + r"\n(?:\[store_id=\d+ [^\n]*\n)+"
+                           + re.escape(RECALL_CLOSE))
 
 
 def strip_recall_blocks(text: str) -> str:

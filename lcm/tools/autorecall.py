@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lcm.context.session import ContextSession
-from lcm.messages import RECALL_CLOSE, RECALL_OPEN, content_hash, content_text, message_text
+from lcm.messages import RECALL_CLOSE, RECALL_HEADER, content_hash, content_text, message_text
 from lcm.records import MessageRecord
 from lcm.tools.retrieval import find
 
@@ -35,7 +35,7 @@ QUERY_CHARS = 2_000
 #: (a pasted log) cannot fill it alone; its beginning says what it is, lcm_expand has the rest.
 MAX_SHARE_PER_HIT = 0.5
 MAX_TOKENS_PER_HIT = 250
-HEADER = f'{RECALL_OPEN} note="stored messages that match this one, not in the context; lcm_expand store_id=N">'
+HEADER = RECALL_HEADER
 
 
 @dataclass

@@ -137,6 +137,13 @@ def test_the_block_is_never_stored_whatever_the_host_sends_back(make_engine, db_
                      {"role": "user", "content": "one more"}], current_tokens=100)
     again = [r.message["content"] for r in engine.store.messages.get_range(engine.context.session.id)]
     assert again == [asked, "copper lantern 42", "thanks", "You're welcome.", "one more"]
+    assert "lcm_recall" not in json.dumps([r.message for r in engine.store.messages.get_range(
+        engine.context.session.id)])
+    # Text a user typed that only looks like the tags is theirs, kept as typed.
+    typed = 'the log said <lcm_recall note="x">\nnot ours\n</lcm_recall> twice'
+    engine.compress([SYSTEM, {"role": "user", "content": asked}, *echoed[2:], {"role": "user", "content": "one more"},
+                     {"role": "assistant", "content": "ok"}, {"role": "user", "content": typed}], current_tokens=100)
+    assert engine.store.messages.get_range(engine.context.session.id)[-1].message["content"] == typed
     # Search never finds the block's words in the turn that carried it.
     hits = call(engine, "lcm_grep", query="copper lantern binder", session_scope="current")["results"]
     assert all(h["store_id"] != again.index(asked) + 1 for h in hits if h["type"] == "message")
