@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 OWNER_FILE = 0o600
 OWNER_DIR = 0o700
@@ -43,21 +47,28 @@ def create_private(path: Path) -> bool:
     return True
 
 
-def write_atomic(path: Path, text: str, *, private: bool) -> None:
-    """Replace ``path`` with ``text`` in one step (a temporary file renamed over it). The new
-    file keeps the mode of the one it replaces; a new file is owner-only when ``private``."""
+@contextmanager
+def atomic_writer(path: Path, *, private: bool) -> Iterator[TextIO]:
+    """Write ``path`` in one step: the text goes to a new file beside it, renamed over it when
+    the block ends, removed when it fails (all or nothing: no partial file, ever). The new file
+    keeps the mode of the one it replaces; a new file is owner-only when ``private``, else as
+    the umask says."""
     mode = path.stat().st_mode & 0o777 if path.exists() else (OWNER_FILE if private else None)
-    tmp = path.with_name(f".{path.name}.lcm-tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.lcm-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else OWNER_FILE)
     try:
-        if mode is None:  # an ordinary new file: the umask decides, as for any other program
-            tmp.write_text(text, encoding="utf-8")
-        else:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, OWNER_FILE)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-                out.write(text)
-            os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            if mode is not None:
+                os.chmod(tmp, mode)  # os.open's mode is masked by the umask
+            yield out
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def write_atomic(path: Path, text: str, *, private: bool) -> None:
+    """Replace ``path`` with ``text`` in one step (see :func:`atomic_writer`)."""
+    with atomic_writer(path, private=private) as out:
+        out.write(text)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from lcm.cli.stores import context_on, open_store
 from lcm.context.embed import backfill
 from lcm.context.session import ContextSession
 from lcm.errors import ConfigError
+from lcm.files import atomic_writer
 from lcm.transfer import (
     ImportReport,
     SessionPlan,
@@ -183,23 +182,14 @@ def export_command(url: str | None, agent: str, session_key: str | None, output:
         for line in lines:
             click.echo(dump_line(line))
         return
-    keep_mode = target.stat().st_mode & 0o777 if target.exists() else None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
-    if keep_mode is not None:
-        os.chmod(tmp, keep_mode)
     count = prompts = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            for line in lines:
-                out.write(dump_line(line) + "\n")
-                if line.get("system_prompt"):
-                    prompts += 1
-                else:
-                    count += 1
-        os.replace(tmp, target)  # all or nothing: a failed export leaves no partial file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(target, private=True) as out:  # all or nothing: a failed export leaves no partial file
+        for line in lines:
+            out.write(dump_line(line) + "\n")
+            if line.get("system_prompt"):
+                prompts += 1
+            else:
+                count += 1
     if as_json:
         emit_json({"output": str(target), "agent": agent, "messages": count, "system_prompts": prompts,
                    "bytes": target.stat().st_size})
