@@ -151,12 +151,13 @@ def strip_recall_blocks(text: str) -> str:
     return _RECALL_BLOCK.sub("", text) if RECALL_OPEN in text else text
 
 
-def _without_recall(message: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The message with lcm's recall blocks taken out of its text (None: it has none). A sidecar
-    (``api_content``) that is then the content again is dropped: it only carried the block."""
+def without_recall_blocks(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The message with lcm's recall blocks taken out of its text; the same object when it has
+    none (the usual case: no copy). A sidecar (``api_content``) that is then the content again
+    is dropped: it only carried the block."""
     content, api = message.get("content"), message.get("api_content")
     if not ((isinstance(content, str) and RECALL_OPEN in content) or (isinstance(api, str) and RECALL_OPEN in api)):
-        return None
+        return message
     out = dict(message)
     if isinstance(content, str):
         out["content"] = strip_recall_blocks(content)
@@ -172,7 +173,7 @@ def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
     blocks removed."""
     if not isinstance(message, Mapping):
         raise InvalidMessageError(f"a message must be a JSON object, got {type(message).__name__}")
-    message = _without_recall(message) or message
+    message = without_recall_blocks(message)
     if HOST_MARKER_KEYS.isdisjoint(message.keys()):
         return dict(message)
     return {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}

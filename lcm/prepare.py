@@ -28,6 +28,7 @@ from lcm.messages import (
     encode_message,
     message_text,
     uid_identity,
+    without_recall_blocks,
 )
 from lcm.textindex import index_body
 from lcm.tokens import TokenCounter
@@ -102,8 +103,8 @@ def decompress_payload(data: bytes) -> str:
 def prepare_message(message: Mapping[str, Any], tokens: TokenCounter,
                     recall_ids: Collection[str] = frozenset()) -> PreparedMessage:
     """One message (see :func:`prepare_messages`)."""
-    message = clean_message(message)  # what is indexed is what is stored (no recall block)
-    enc = encode_message(message)
+    enc = encode_message(message)  # refuses what is not a message; stores it without lcm's recall block
+    message = without_recall_blocks(message)  # so what is indexed is what is stored
     body = index_text(message, recall_ids)
     same = enc.content_kind == CONTENT_TEXT and enc.content == body and enc.tool_calls is None
     return PreparedMessage(

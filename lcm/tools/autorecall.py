@@ -35,7 +35,6 @@ QUERY_CHARS = 2_000
 #: (a pasted log) cannot fill it alone; its beginning says what it is, lcm_expand has the rest.
 MAX_SHARE_PER_HIT = 0.5
 MAX_TOKENS_PER_HIT = 250
-HEADER = RECALL_HEADER
 
 
 @dataclass
@@ -83,7 +82,7 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
         block.reason = "nothing stored matches it" + (f": {found.notes[-1]}" if found.notes else "")
         return block
     records = {r.store_id: r for r in context.store.messages.get_many([h.id for h in hits], agent=context.agent_id)}
-    held = _held(context, context_messages)
+    held = _held(context_messages)
     asked = content_hash({"role": "user", "content": text})
     chosen: list[MessageRecord] = []
     for hit in hits:
@@ -97,7 +96,7 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
     return _render(context, chosen, max_tokens, block)
 
 
-def _held(context: ContextSession, messages: Sequence[Mapping[str, Any]] | None) -> set[str] | None:
+def _held(messages: Sequence[Mapping[str, Any]] | None) -> set[str] | None:
     if messages is None:
         return None
     return {content_hash(m) for m in messages if isinstance(m, Mapping)}
@@ -115,7 +114,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
     """The block: a header, one line per hit (best first, each cut to its share), a closing tag;
     lines that no longer fit are left out."""
     count = context.tokens.count_text
-    frame = count(HEADER + "\n\n" + RECALL_CLOSE)
+    frame = count(RECALL_HEADER + "\n\n" + RECALL_CLOSE)
     room = max_tokens - frame
     per_hit = max(20, min(MAX_TOKENS_PER_HIT, int(max_tokens * MAX_SHARE_PER_HIT)))
     lines: list[str] = []
@@ -133,7 +132,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
         room -= size + 1
         if room < 20:
             break
-    text = "\n".join([HEADER, *lines, RECALL_CLOSE])
+    text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
     while lines and (over := count(text) - max_tokens) > 0:  # pieces counted apart can add up to more
         last = _cut(lines[-1], count(lines[-1]) - over, count)
         if last:
@@ -141,7 +140,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
         else:
             lines.pop()
             block.store_ids.pop()
-        text = "\n".join([HEADER, *lines, RECALL_CLOSE])
+        text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
     if not lines:
         block.reason = "no match fits in LCM_AUTO_RECALL_MAX_TOKENS"
         return block

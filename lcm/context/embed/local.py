@@ -22,6 +22,7 @@ import json
 import threading
 from collections.abc import Sequence
 from importlib.util import find_spec
+from math import sqrt
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,8 +84,6 @@ class _Encoder:
     def forward(self, ids: Any, mask: Any) -> Any:
         """Unit-length mean-pooled sentence vectors for a padded batch of token ids."""
         np = numpy()
-        from math import sqrt
-
         batch, length = ids.shape
         w = self.w
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:length]
