@@ -205,6 +205,24 @@ def read_transcript(source: str | Path | TextIO, *, skip_bad: bool = False) -> T
 # --------------------------------------------------------------------------- import
 
 
+@dataclass(frozen=True)
+class ImportedSummary:
+    """A summary another program wrote (``lcm import``), to place into lcm's DAG
+    (``lcm.importers.dag``). ``sources``: for a leaf, indexes into the session's imported
+    messages; for a condensed summary, the peer ids of its children. ``peer_sources``: the
+    program's own ids of what it covered, kept as provenance."""
+
+    peer_id: str
+    depth: int
+    content: str
+    sources: tuple[Any, ...]
+    peer_sources: tuple[Any, ...] = ()
+    order: int = 0  # the program's own order of writing
+    expand_hint: str = ""
+    model: str | None = None
+    created_at: float | None = None
+
+
 @dataclass
 class SessionPlan:
     """The messages of one session to import, in order."""
@@ -219,6 +237,8 @@ class SessionPlan:
     system_prompts: list[tuple[Entry, int]] = field(default_factory=list)
     #: Where the session came from (``lcm import``): kept on the lcm session as its origin.
     origin: dict[str, Any] | None = None
+    #: Summaries another program wrote over these messages (``lcm import hermes-lcm``, ...).
+    summaries: list[ImportedSummary] = field(default_factory=list)
 
 
 def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:
@@ -258,6 +278,8 @@ class ImportReport:
     added: int
     dropped: int
     system_prompts: int = 0  # versions of the system prompt this import kept (new ones)
+    #: Another program's summaries: placed into the DAG now, placed before, not placed, notes.
+    imported_summaries: dict[str, int] | None = None
 
 
 def turns(entries: Sequence[Entry]) -> list[list[Entry]]:

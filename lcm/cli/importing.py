@@ -1,5 +1,6 @@
 """``lcm import FORMAT PATH``: another tool's store into lcm (``lcm.importers``), each session
-exactly once, so running it again imports nothing new."""
+exactly once, so running it again imports nothing new; the summaries hermes-lcm and
+lossless-claw wrote go into lcm's DAG where they map cleanly (``lcm.importers.dag``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from rich.table import Table
 from lcm.cli.common import emit_json, json_option, resumable, say, show_table, url_option
 from lcm.cli.stores import context_on, open_store
 from lcm.cli.transfer import DEFAULT_CONTEXT, import_plans, ingest_command
-from lcm.importers import read_hermes_state
+from lcm.errors import NotFoundError
+from lcm.importers import plan_dag, read_hermes_lcm, read_hermes_state, read_lossless_claw
+from lcm.store import Store
 from lcm.transfer import SessionPlan, plan_sessions, read_transcript
 
-FORMATS = ("hermes", "jsonl")
+FORMATS = ("hermes", "hermes-lcm", "lossless-claw", "jsonl")
 
 
 @click.command("import")
@@ -24,7 +27,8 @@ FORMATS = ("hermes", "jsonl")
 @url_option
 @json_option
 @click.option("--agent", default=None, metavar="NAME",
-              help="Agent to import into (default: hermes: each session's Hermes profile; jsonl: default).")
+              help="Agent to import into (default: hermes: each session's Hermes profile; lossless-claw: the "
+                   "OpenClaw agent of each conversation; hermes-lcm, jsonl: default).")
 @click.option("--session", "sessions", multiple=True, metavar="ID", help="Only this session (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be imported.")
 @click.option("--no-compact", is_flag=True, help="Only store; do not summarize.")
@@ -35,7 +39,8 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
                    agent: str | None, sessions: tuple[str, ...], dry_run: bool, no_compact: bool,
                    context_length: int) -> None:
     """Import another store: hermes (Hermes' state.db: every session, message, tool call and
-    system prompt) or jsonl (what lcm export writes). Idempotent; the file is only read."""
+    system prompt), hermes-lcm or lossless-claw (their lcm.db: every message and their summary
+    DAG), or jsonl (what lcm export writes). Idempotent; the file is only read."""
     by_agent: dict[str, list[SessionPlan]] = defaultdict(list)
     if format_name == "jsonl":
         if len(sessions) > 1:
@@ -50,27 +55,45 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
         by_agent[agent or "default"] = plan_sessions(transcript, session_key=sessions[0] if sessions else None)
         rewound = 0
     else:
-        found, rewound = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
-        for profile, plan in found:
-            by_agent[agent or profile].append(plan)
-    store = open_store(url, create=not dry_run)
+        rewound = 0
+        if format_name == "hermes":
+            found, rewound = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
+        elif format_name == "hermes-lcm":
+            found = read_hermes_lcm(path, sessions=sessions)
+        else:
+            found = read_lossless_claw(path, sessions=sessions)
+        for owner, plan in found:
+            by_agent[agent or owner].append(plan)
+    try:
+        store: Store | None = open_store(url, create=not dry_run)
+    except NotFoundError:
+        if not dry_run:
+            raise
+        store = None  # a dry run into a store that does not exist yet: everything would be added
     rows: list[dict[str, Any]] = []
     for name, plans in by_agent.items():
         if dry_run:
             for plan in plans:
-                there = store.sessions.find(name, plan.session_key)
+                there = store.sessions.find(name, plan.session_key) if store is not None else None
                 stored = there.message_count if there is not None else 0
-                rows.append({"agent": name, "session_id": plan.session_key, "in_file": len(plan.entries),
-                             "already_stored": min(stored, len(plan.entries)),
-                             "added": max(0, len(plan.entries) - stored)})
+                row = {"agent": name, "session_id": plan.session_key, "in_file": len(plan.entries),
+                       "already_stored": min(stored, len(plan.entries)), "added": max(0, len(plan.entries) - stored)}
+                if plan.summaries:
+                    dag = plan_dag([e.message for e in plan.entries], plan.summaries)
+                    row["summaries"] = {"in_file": len(plan.summaries), "placeable": len(dag.nodes),
+                                        "notes": len(dag.notes)}
+                rows.append(row)
             continue
+        assert store is not None
         context = context_on(store, name, context_length=context_length)
         with resumable("import", "every message stored so far is kept, once"):
-            reports, _ = import_plans(context, plans, compact=not no_compact, show_progress=not as_json)
+            reports, _ = import_plans(context, plans, compact=not no_compact, show_progress=not as_json,
+                                      label="import")
         rows += [{"agent": name, "session_id": r.session_key, "in_file": r.in_file,
-                  "already_stored": r.already_stored, "added": r.added, "system_prompts_kept": r.system_prompts}
+                  "already_stored": r.already_stored, "added": r.added, "system_prompts_kept": r.system_prompts,
+                  **({"summaries": r.imported_summaries} if r.imported_summaries is not None else {})}
                  for r in reports]
-    if not dry_run and any(r["added"] for r in rows):
+    if store is not None and not dry_run and any(r["added"] for r in rows):
         store.health.optimize()
     result = {"format": format_name, "source": path, "dry_run": dry_run, "sessions": rows,
               "messages_added": sum(r["added"] for r in rows), "rewound_not_imported": rewound}
@@ -78,10 +101,34 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
         emit_json(result)
         return
     table = Table(title=f"lcm import {format_name} {path}" + (" (dry run)" if dry_run else ""))
-    for col in ("agent", "session", "in file", "already stored", "added" if not dry_run else "would add"):
-        table.add_column(col, justify="left" if col in ("agent", "session") else "right")
+    with_summaries = any("summaries" in r for r in rows)
+    columns = ["agent", "session", "in file", "already stored", "added" if not dry_run else "would add"]
+    for col in columns + (["summaries"] if with_summaries else []):
+        table.add_column(col, justify="left" if col in ("agent", "session", "summaries") else "right")
     for r in rows:
-        table.add_row(r["agent"], r["session_id"], str(r["in_file"]), str(r["already_stored"]), str(r["added"]))
+        cells = [r["agent"], r["session_id"], str(r["in_file"]), str(r["already_stored"]), str(r["added"])]
+        if with_summaries:
+            cells.append(_summaries_cell(r.get("summaries"), dry_run))
+        table.add_row(*cells)
     show_table(table)
+    notes = sum((r.get("summaries") or {}).get("notes", 0) for r in rows)
+    if notes:
+        say(f"{notes} summary(ies) did not map onto lcm's DAG and are kept as the session's imported notes "
+            "(lcm sessions --json shows them under origin.notes)")
     if rewound:
         say(f"{rewound} rewound message(s) (undone in Hermes) were not imported")
+
+
+def _summaries_cell(summaries: dict[str, int] | None, dry_run: bool) -> str:
+    if not summaries:
+        return "-"
+    if dry_run:
+        return f"{summaries['placeable']} of {summaries['in_file']} placeable, {summaries['notes']} note(s)"
+    parts = [f"{summaries['placed']} placed"]
+    if summaries["already_placed"]:
+        parts.append(f"{summaries['already_placed']} already")
+    if summaries["not_placed"]:
+        parts.append(f"{summaries['not_placed']} not placed (already summarized)")
+    if summaries["notes"]:
+        parts.append(f"{summaries['notes']} note(s)")
+    return ", ".join(parts)

@@ -25,6 +25,7 @@ from lcm.context.embed import backfill
 from lcm.context.session import ContextSession
 from lcm.errors import ConfigError
 from lcm.files import atomic_writer
+from lcm.importers import plan_dag, write_dag
 from lcm.transfer import (
     ImportReport,
     SessionPlan,
@@ -45,7 +46,9 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
                  ) -> tuple[list[ImportReport], list[dict[str, Any]]]:
     """Import each session, compacting after every turn as a live host would; returns the
     reports and the compaction outcomes that did something. ``carry``: start each session like
-    a host's /new after the previous one (summaries carried over)."""
+    a host's /new after the previous one (summaries carried over). A session that comes with
+    another program's summaries (``plan.summaries``) is stored first, those summaries are
+    placed into the DAG (``lcm.importers.dag``), and lcm compacts only what is left."""
     reports: list[ImportReport] = []
     outcomes: list[dict[str, Any]] = []
     total = sum(len(turns(p.entries)) for p in plans)
@@ -58,8 +61,10 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
             if progress is not None:
                 progress.update(task, description=f"{label} {plan.session_key}")
 
-            def after_turn(session: Any, added: int) -> None:
-                if compact and added:
+            deferred = bool(plan.summaries)  # the program's own summaries go in before lcm's
+
+            def after_turn(session: Any, added: int, deferred: bool = deferred) -> None:
+                if compact and added and not deferred:
                     done = context.compact_stored()
                     if done.get("passes"):
                         outcomes.append(done)
@@ -70,6 +75,14 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
                                     redact=context.redactor.message if context.redactor is not None else None)
             if progress is not None and report.added == 0:
                 progress.advance(task, len(turns(plan.entries)))
+            if plan.summaries:
+                session = context.store.sessions.find(context.agent_id, plan.session_key)
+                if session is not None:
+                    placed = write_dag(context.store, session, plan_dag([e.message for e in plan.entries],
+                                                                        plan.summaries),
+                                       context.tokens, fmt=(plan.origin or {}).get("format", "import"))
+                    report.imported_summaries = {"placed": placed.placed, "already_placed": placed.already,
+                                                 "not_placed": placed.skipped, "notes": placed.notes}
             if compact:
                 outcomes.extend(settle(context))
             reports.append(report)

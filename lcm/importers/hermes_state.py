@@ -20,57 +20,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from lcm.errors import LcmError
+from lcm.importers.source import check_format, open_readonly
 from lcm.transfer import Entry, SessionPlan
 
 FORMAT = "hermes-state"
 #: Hermes marks JSON-encoded (non-string) content with this prefix (``SessionDB._CONTENT_JSON_PREFIX``).
 _JSON_PREFIX = "\x00json:"
-_NEEDED = {"sessions": {"id", "source", "started_at"},
-           "messages": {"id", "session_id", "role", "content", "timestamp"}}
 _JSON_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items")
 _TEXT_FIELDS = ("tool_call_id", "tool_name", "effect_disposition", "finish_reason", "reasoning",
                 "reasoning_content", "api_content")
-
-
-class NotThisFormat(LcmError):
-    """The file is not the store an importer reads."""
-
-
-@contextmanager
-def _open(path: Path) -> Iterator[sqlite3.Connection]:
-    if not path.is_file():
-        raise NotThisFormat(f"{path} does not exist or is not a file")
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise NotThisFormat(f"{path} cannot be opened as SQLite: {exc}") from None
-    conn.row_factory = sqlite3.Row
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def _check(conn: sqlite3.Connection, path: Path) -> set[str]:
-    """The messages table's columns, once the file is known to be a Hermes session store."""
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.DatabaseError as exc:
-        raise NotThisFormat(f"{path} is not a Hermes session store (state.db): {exc}") from None
-    found: dict[str, set[str]] = {}
-    for table, needed in _NEEDED.items():
-        columns = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")} if table in tables else set()
-        if not needed <= columns:
-            raise NotThisFormat(f"{path} is not a Hermes session store (state.db): no {table} table with "
-                                f"{', '.join(sorted(needed))}; nothing was imported")
-        found[table] = columns
-    return found["messages"]
 
 
 def _decode(value: Any) -> Any:
@@ -106,9 +68,9 @@ def read_hermes_state(path: str | Path, *, sessions: tuple[str, ...] = ()) -> tu
     """(agent, plan) for every Hermes session in ``path`` (or only ``sessions``), and how many
     rewound messages were left out. Raises NotThisFormat for any other file."""
     source = Path(path).expanduser()
-    with _open(source) as conn:
-        columns = _check(conn, source)
-        session_cols = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
+    with open_readonly(source) as conn:
+        tables = check_format(conn, source, "hermes")
+        columns, session_cols = tables["messages"], tables["sessions"]
         rows = list(conn.execute("SELECT * FROM sessions ORDER BY started_at, id"))
         wanted = set(sessions)
         missing = wanted - {r["id"] for r in rows}
