@@ -239,6 +239,9 @@ class SessionPlan:
     origin: dict[str, Any] | None = None
     #: Summaries another program wrote over these messages (``lcm import hermes-lcm``, ...).
     summaries: list[ImportedSummary] = field(default_factory=list)
+    #: Other host ids of the same conversation (Hermes' sessions continued after a compression):
+    #: made aliases of the session, so a host resuming one of them finds it.
+    aliases: list[str] = field(default_factory=list)
 
 
 def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:

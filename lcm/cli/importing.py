@@ -18,7 +18,8 @@ from lcm.importers import plan_dag, read_hermes_lcm, read_hermes_state, read_los
 from lcm.store import Store
 from lcm.transfer import SessionPlan, plan_sessions, read_transcript
 
-FORMATS = ("hermes", "hermes-lcm", "lossless-claw", "jsonl")
+#: ``hermes-state`` is the contract's name for ``hermes`` (docs/contract.md); both work.
+FORMATS = ("hermes", "hermes-state", "hermes-lcm", "lossless-claw", "jsonl")
 
 
 @click.command("import")
@@ -42,6 +43,8 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
     system prompt), hermes-lcm or lossless-claw (their lcm.db: every message and their summary
     DAG), or jsonl (what lcm export writes). Idempotent; the file is only read."""
     by_agent: dict[str, list[SessionPlan]] = defaultdict(list)
+    rewound = 0
+    left_out: dict[str, int] = {}
     if format_name == "jsonl":
         if len(sessions) > 1:
             raise click.UsageError("lcm import jsonl takes at most one --session (the session the file goes to, "
@@ -53,11 +56,12 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
             return
         transcript = read_transcript(path, skip_bad=False)  # a bad file fails here, line by line
         by_agent[agent or "default"] = plan_sessions(transcript, session_key=sessions[0] if sessions else None)
-        rewound = 0
     else:
-        rewound = 0
-        if format_name == "hermes":
-            found, rewound = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
+        if format_name in ("hermes", "hermes-state"):
+            hermes = read_hermes_state(path, sessions=sessions)  # a wrong file fails here, before any write
+            found, rewound = hermes.plans, hermes.rewound
+            left_out = {"compaction_copies_not_stored": hermes.copies,
+                        "hermes_summaries_kept_as_notes": hermes.summaries}
         elif format_name == "hermes-lcm":
             found = read_hermes_lcm(path, sessions=sessions)
         else:
@@ -96,7 +100,7 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
     if store is not None and not dry_run and any(r["added"] for r in rows):
         store.health.optimize()
     result = {"format": format_name, "source": path, "dry_run": dry_run, "sessions": rows,
-              "messages_added": sum(r["added"] for r in rows), "rewound_not_imported": rewound}
+              "messages_added": sum(r["added"] for r in rows), "rewound_not_imported": rewound, **left_out}
     if as_json:
         emit_json(result)
         return
@@ -117,6 +121,12 @@ def import_command(ctx: click.Context, format_name: str, path: str, url: str | N
             "(lcm sessions --json shows them under origin.notes)")
     if rewound:
         say(f"{rewound} rewound message(s) (undone in Hermes) were not imported")
+    if left_out.get("compaction_copies_not_stored"):
+        say(f"{left_out['compaction_copies_not_stored']} row(s) were copies Hermes' compressor re-inserted: "
+            "each message is stored once")
+    if left_out.get("hermes_summaries_kept_as_notes"):
+        say(f"{left_out['hermes_summaries_kept_as_notes']} Hermes compressor summary(ies) kept as the session's "
+            "imported notes, not as messages (lcm sessions --json shows them under origin.notes)")
 
 
 def _summaries_cell(summaries: dict[str, int] | None, dry_run: bool) -> str:

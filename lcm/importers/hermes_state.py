@@ -1,29 +1,41 @@
 """Hermes' own session store (``state.db`` in the Hermes home, hermes-agent 0.19.0's
-``hermes_state.SessionDB``, schema version 22): every session and its messages.
+``hermes_state.SessionDB``, schema version 22): every conversation and its messages
+(docs/import-hermes.md).
 
 Read-only (``mode=ro``): the file may be in use by a running Hermes. Mapping:
 
-* a Hermes session becomes an lcm session of the same id, its ``source`` the platform, its
-  ``chat_id`` the conversation id, and its stored ``system_prompt`` a system prompt version;
-  the agent is the session's ``profile_name`` (or the one the command line names);
-* its **active** messages, in insertion order (``ORDER BY id``, as Hermes replays them), become
-  messages in the shape Hermes itself loads (``get_messages_as_conversation``): role, content
-  (decoded from Hermes' JSON-content marker), tool calls (parsed), tool call id, tool name, and
-  every other field Hermes kept (reasoning, finish reason, platform message id, ``api_content``,
+* a Hermes conversation becomes one lcm session named by its first session id: a session
+  and the sessions that continue it after a compression (Hermes without ``compression.in_place``
+  ends the session, ``end_reason = 'compression'``, and starts a child); the children's ids
+  become aliases of the lcm session, so a host resuming one of them finds it. Its ``source``
+  is the platform, its ``chat_id`` the conversation id, each session's stored
+  ``system_prompt`` a system prompt version; the agent is the ``profile_name`` (or the one the
+  command line names);
+* its messages, in insertion order, **archived generations included** (``active = 0,
+  compacted = 1``: what Hermes' compressor summarized away, still on disk), become messages in
+  the shape Hermes itself loads (``get_messages_as_conversation``): role, content (decoded from
+  Hermes' JSON-content marker), tool calls (parsed), tool call id, tool name, and every other
+  field Hermes kept (reasoning, finish reason, platform message id, ``api_content``,
   timestamp), without Hermes' display clean-up, so nothing is lost;
-* rewound messages (``active = 0``, which the user undid) are not imported; they are counted;
+* the copies each compaction re-inserted are recognised and stored once; Hermes' compressor
+  summaries are not messages: they are kept as the session's imported notes
+  (``origin["notes"]``) and counted (``lcm.importers.hermes_generations`` says how);
+* rewound messages (``active = 0, compacted = 0``, which the user took back) are not imported;
+  they are counted;
 * provenance: ``origin`` = {"format": "hermes-state", "path", "id", "parent" (the session it
-  continues after a compression or a branch), "title"}.
+  branched from), "title", "continued_as", "compaction_copies", "notes"}.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lcm.errors import LcmError
+from lcm.importers.hermes_generations import sort_generations
 from lcm.importers.source import check_format, open_readonly
 from lcm.transfer import Entry, SessionPlan
 
@@ -64,43 +76,110 @@ def _message(row: sqlite3.Row, columns: set[str]) -> dict[str, Any]:
     return msg
 
 
-def read_hermes_state(path: str | Path, *, sessions: tuple[str, ...] = ()) -> tuple[list[tuple[str, SessionPlan]], int]:
-    """(agent, plan) for every Hermes session in ``path`` (or only ``sessions``), and how many
-    rewound messages were left out. Raises NotThisFormat for any other file."""
+@dataclass
+class HermesRead:
+    """What ``read_hermes_state`` found: the plans, and what it left out, counted."""
+
+    plans: list[tuple[str, SessionPlan]]
+    rewound: int = 0  # rows the user took back (active = 0, compacted = 0)
+    copies: int = 0  # rows a compaction re-inserted (copies of messages already kept)
+    summaries: int = 0  # Hermes' compressor summaries, kept as the session's imported notes
+
+
+def _col(row: sqlite3.Row, columns: set[str], name: str) -> Any:
+    return row[name] if name in columns else None
+
+
+def _chains(sessions: list[sqlite3.Row], columns: set[str]) -> dict[str, list[sqlite3.Row]]:
+    """root session id -> the sessions of one conversation, in order: a session whose parent
+    ended in a compression continues it (Hermes' rotation); any other session is its own."""
+    by_id = {s["id"]: s for s in sessions}
+    root_of: dict[str, str] = {}
+    chains: dict[str, list[sqlite3.Row]] = {}
+    for s in sessions:  # started_at order: a parent comes before its child
+        parent = by_id.get(_col(s, columns, "parent_session_id"))
+        if parent is not None and _col(parent, columns, "end_reason") == "compression" and parent["id"] in root_of:
+            root_of[s["id"]] = root_of[parent["id"]]
+        else:
+            root_of[s["id"]] = s["id"]
+        chains.setdefault(root_of[s["id"]], []).append(s)
+    return chains
+
+
+def read_hermes_state(path: str | Path, *, sessions: tuple[str, ...] = ()) -> HermesRead:
+    """A plan per conversation in ``path`` (or only the ones holding ``sessions``): every
+    message exchanged, once, in order, with compaction copies and Hermes' summaries taken out
+    (``lcm.importers.hermes_generations``). Raises NotThisFormat for any other file."""
     source = Path(path).expanduser()
     with open_readonly(source) as conn:
         tables = check_format(conn, source, "hermes")
         columns, session_cols = tables["messages"], tables["sessions"]
         rows = list(conn.execute("SELECT * FROM sessions ORDER BY started_at, id"))
-        wanted = set(sessions)
-        missing = wanted - {r["id"] for r in rows}
+        missing = set(sessions) - {r["id"] for r in rows}
         if missing:
             raise LcmError(f"{source} has no session {', '.join(sorted(missing))}")
-        active = " AND active = 1" if "active" in columns else ""
-        rewound = 0
-        plans: list[tuple[str, SessionPlan]] = []
-        for s in rows:
-            if wanted and s["id"] not in wanted:
+        chains = _chains(rows, session_cols)
+        wanted = {root for root, chain in chains.items() if any(s["id"] in sessions for s in chain)}
+        read = HermesRead(plans=[])
+        for root, chain in chains.items():
+            if sessions and root not in wanted:
                 continue
-            if active:
-                rewound += conn.execute("SELECT count(*) FROM messages WHERE session_id = ? AND active = 0",
-                                        (s["id"],)).fetchone()[0]
-            entries = [Entry(where=m["id"], message=_message(m, columns), session_key=s["id"], platform=s["source"],
-                             timestamp=m["timestamp"])
-                       for m in conn.execute(f"SELECT * FROM messages WHERE session_id = ?{active} ORDER BY id",
-                                             (s["id"],))]
-            chat = s["chat_id"] if "chat_id" in session_cols else None
-            plan = SessionPlan(session_key=s["id"], entries=entries, platform=s["source"] or None,
-                               conversation_id=str(chat) if chat else None)
-            prompt = s["system_prompt"] if "system_prompt" in session_cols else None
-            if prompt:
-                plan.system_prompts.append((Entry(where=0, message={"role": "system", "content": prompt},
-                                                  session_key=s["id"], timestamp=s["started_at"],
-                                                  system_prompt=True), 1))
-            plan.origin = {"format": FORMAT, "path": str(source.resolve()), "id": s["id"],
-                           **({"parent": s["parent_session_id"]} if "parent_session_id" in session_cols
-                              and s["parent_session_id"] else {}),
-                           **({"title": s["title"]} if "title" in session_cols and s["title"] else {})}
-            profile = s["profile_name"] if "profile_name" in session_cols else None
-            plans.append((profile or "default", plan))
-    return plans, rewound
+            read.plans.append(_conversation(conn, source, chain, columns, session_cols, read))
+    return read
+
+
+def _conversation(conn: sqlite3.Connection, source: Path, chain: list[sqlite3.Row], columns: set[str],
+                  session_cols: set[str], read: HermesRead) -> tuple[str, SessionPlan]:
+    first = chain[0]
+    # Rewound rows (the user took them back) are out; rows a compaction archived are in.
+    if "active" in columns and "compacted" in columns:
+        live, gone = "(active = 1 OR compacted = 1)", "active = 0 AND compacted = 0"
+    elif "active" in columns:
+        live, gone = "active = 1", "active = 0"
+    else:
+        live = gone = ""
+    rows: list[sqlite3.Row] = []
+    starts: list[int] = []  # where each session of the chain starts in ``rows``
+    for s in chain:
+        starts.append(len(rows))
+        rows += conn.execute(f"SELECT * FROM messages WHERE session_id = ?{' AND ' + live if live else ''} "
+                             "ORDER BY id", (s["id"],)).fetchall()
+        if gone:
+            read.rewound += conn.execute(f"SELECT count(*) FROM messages WHERE session_id = ? AND {gone}",
+                                         (s["id"],)).fetchone()[0]
+    compacted = len(chain) > 1 or ("compacted" in columns and any(r["compacted"] for r in rows))
+    messages = [_message(r, columns) for r in rows]
+    verdicts = sort_generations(messages, compacted=compacted)
+    read.copies += len(verdicts.copies)
+    read.summaries += len(verdicts.summaries)
+    platform = first["source"] or None
+    chat = _col(first, session_cols, "chat_id")
+    plan = SessionPlan(session_key=first["id"], entries=[], platform=platform,
+                       conversation_id=str(chat) if chat else None)
+    kept = iter(verdicts.kept)
+    next_kept = next(kept, None)
+    for position, s in enumerate(chain):
+        prompt = _col(s, session_cols, "system_prompt")
+        if prompt:
+            plan.system_prompts.append((Entry(where=0, message={"role": "system", "content": prompt},
+                                              session_key=first["id"], timestamp=s["started_at"],
+                                              system_prompt=True), len(plan.entries) + 1))
+        end = starts[position + 1] if position + 1 < len(chain) else len(rows)
+        while next_kept is not None and next_kept < end:
+            message = messages[next_kept]
+            if next_kept in verdicts.own_text:
+                message = {**message, "content": verdicts.own_text[next_kept]}
+            plan.entries.append(Entry(where=rows[next_kept]["id"], message=message, session_key=first["id"],
+                                      platform=platform, timestamp=rows[next_kept]["timestamp"]))
+            next_kept = next(kept, None)
+    notes = [{"kind": "hermes-compressor-summary", "session": rows[i]["session_id"], "row": rows[i]["id"],
+              "content": text} for i, text in verdicts.summaries]
+    parent = _col(first, session_cols, "parent_session_id")
+    title = next((t for t in (_col(s, session_cols, "title") for s in reversed(chain)) if t), None)
+    plan.origin = {"format": FORMAT, "path": str(source.resolve()), "id": first["id"],
+                   **({"parent": parent} if parent else {}), **({"title": title} if title else {}),
+                   **({"continued_as": [s["id"] for s in chain[1:]]} if len(chain) > 1 else {}),
+                   **({"compaction_copies": len(verdicts.copies)} if verdicts.copies else {}),
+                   **({"notes": notes} if notes else {})}
+    plan.aliases = [s["id"] for s in chain[1:]]
+    return _col(first, session_cols, "profile_name") or "default", plan

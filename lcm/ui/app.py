@@ -202,7 +202,19 @@ def session_view(ex: Explorer, request: Request) -> dict[str, Any]:
         "older": {"before": first_seq} if first_seq > 1 else None,
         "newer": {"after": last_seq} if last_seq < last else None,
         "messages": [_message_item(r) for r in records],
+        "origin": _origin(session.origin),
     }
+
+
+def _origin(origin: Any) -> dict[str, Any] | None:
+    """Where an imported session came from, and the notes its import kept (another program's
+    summaries that did not map onto lcm's DAG, Hermes' compressor summaries)."""
+    if not isinstance(origin, dict):
+        return None
+    notes = origin.get("notes") if isinstance(origin.get("notes"), list) else []
+    return {"format": origin.get("format"), "path": origin.get("path"),
+            "details": {k: v for k, v in origin.items() if k not in ("format", "path", "notes")},
+            "notes": [n for n in notes if isinstance(n, dict)]}
 
 
 def dag_view(ex: Explorer, request: Request) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """``lcm import hermes-lcm`` and ``lcm import lossless-claw`` against real stores those programs
-wrote (``../shared/fixtures/peer-stores``, README there): every message byte-exact and in the
+wrote (the peer-stores fixtures, README there): every message byte-exact and in the
 program's order, tool calls paired with their results, the programs' summaries placed into lcm's
 DAG (a leaf that split a tool call from its result moved back), provenance kept; idempotent, a
 dry run writes nothing, a file of another format is refused before any write; afterwards the
@@ -26,7 +26,7 @@ FIXTURES = os.environ.get("LCM_PEER_STORES_DIR")
 pytestmark = pytest.mark.skipif(
     not FIXTURES or not Path(FIXTURES, "hermes-lcm.db").is_file(),
     reason="peer-store importer tests skipped: LCM_PEER_STORES_DIR is not set to the peer-stores fixtures "
-           "(.ci/run sets it when ../shared/fixtures/peer-stores exists)")
+           "(.ci/run sets it when the shared peer-stores fixtures are beside the checkout)")
 
 SESSIONS = ("20250514_091200_a1b2c3", "20250516_184000_d4e5f6")
 
