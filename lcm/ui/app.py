@@ -211,7 +211,8 @@ def _origin(origin: Any) -> dict[str, Any] | None:
     summaries that did not map onto lcm's DAG, Hermes' compressor summaries)."""
     if not isinstance(origin, dict):
         return None
-    notes = origin.get("notes") if isinstance(origin.get("notes"), list) else []
+    found = origin.get("notes")
+    notes: list[Any] = found if isinstance(found, list) else []
     return {"format": origin.get("format"), "path": origin.get("path"),
             "details": {k: v for k, v in origin.items() if k not in ("format", "path", "notes")},
             "notes": [n for n in notes if isinstance(n, dict)]}
