@@ -76,17 +76,22 @@ def _assert_clean_boundaries(store: Store, session, records) -> None:
     assert first_raw is None or first_raw.message["role"] != "tool"
 
 
+def _import(lcm, copies: dict[str, Path], program: str, db_url: str) -> dict[str, Any]:
+    """``lcm import PROGRAM`` of the copy into a fresh store: its report; the file only read."""
+    before = copies[program].read_bytes()
+    Store.open(db_url, upgrade=True)
+    code, out, err = lcm("import", program, str(copies[program]), "--url", db_url, "--json")
+    assert code == 0, err
+    assert copies[program].read_bytes() == before
+    return json.loads(out)
+
+
 def test_hermes_lcm_store_comes_in_exactly(copies, db_url, lcm):
     want = expected("hermes-lcm")
-    before = copies["hermes-lcm"].read_bytes()
-    Store.open(db_url, upgrade=True)
-    code, out, err = lcm("import", "hermes-lcm", str(copies["hermes-lcm"]), "--url", db_url, "--json")
-    assert code == 0, err
-    report = json.loads(out)
+    report = _import(lcm, copies, "hermes-lcm", db_url)
     assert report["messages_added"] == 88  # 90 rows less the two system prompts
     assert [(r["agent"], r["session_id"], r["summaries"]["placed"], r["summaries"]["notes"])
             for r in report["sessions"]] == [("default", SESSIONS[0], 9, 0), ("default", SESSIONS[1], 2, 0)]
-    assert copies["hermes-lcm"].read_bytes() == before  # only read
 
     store = Store.open(db_url)
     for session_want in want["sessions"]:
@@ -121,14 +126,12 @@ def test_hermes_lcm_store_comes_in_exactly(copies, db_url, lcm):
     assert [nodes[f"node:{i}"].id for i in (5, 6, 7)] == store.summaries.source_ids(nodes["node:8"].id)
     # Leaf 9 ended with the `git push` call (store_id 48) whose result (49) hermes-lcm left raw: the
     # leaf moves back to end before the call, which opens the verbatim part with its result.
-    by_store_id = {r.message.get("content"): r for r in records}
     leaf9 = nodes["node:9"]
     assert leaf9.meta["imported"]["moved_from"]["why"]
     covered = store.messages.get_many(store.summaries.source_ids(leaf9.id), agent="default")
     assert covered[-1].message["role"] != "assistant" or not covered[-1].message.get("tool_calls")
     call = next(r for r in records if r.seq == leaf9.last_seq + 1)
     assert call.message["role"] == "assistant" and call.message["tool_calls"][0]["function"]["name"]
-    assert by_store_id  # (content lookup used above stays meaningful)
 
     code, out, _ = lcm("import", "hermes-lcm", str(copies["hermes-lcm"]), "--url", db_url, "--json")
     again = json.loads(out)
@@ -139,15 +142,10 @@ def test_hermes_lcm_store_comes_in_exactly(copies, db_url, lcm):
 
 def test_lossless_claw_store_comes_in_exactly(copies, db_url, lcm):
     want = expected("lossless-claw")
-    before = copies["lossless-claw"].read_bytes()
-    Store.open(db_url, upgrade=True)
-    code, out, err = lcm("import", "lossless-claw", str(copies["lossless-claw"]), "--url", db_url, "--json")
-    assert code == 0, err
-    report = json.loads(out)
+    report = _import(lcm, copies, "lossless-claw", db_url)
     assert report["messages_added"] == 88
     assert [(r["agent"], r["session_id"], r["summaries"]["placed"]) for r in report["sessions"]] == [
         ("main", SESSIONS[0], 13), ("main", SESSIONS[1], 5)]
-    assert copies["lossless-claw"].read_bytes() == before
 
     store = Store.open(db_url)
     for conv in want["conversations"]:
