@@ -269,6 +269,22 @@ def database_url_from_env() -> str | None:
     return os.environ.get("LCM_DATABASE_URL", "").strip() or None
 
 
+def database_read_url_from_env() -> str | None:
+    """``LCM_DATABASE_READ_URL`` when set: a streaming replica of the PostgreSQL store for reads
+    that tolerate a little lag (docs/fleet.md, "A read replica")."""
+    return os.environ.get("LCM_DATABASE_READ_URL", "").strip() or None
+
+
+def read_replica_max_lag_s() -> float:
+    """``LCM_READ_MAX_LAG_S`` (default 30): a replica that has WAL it has not applied for longer
+    than this is not used (its reads go to the primary)."""
+    raw = os.environ.get("LCM_READ_MAX_LAG_S", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 30.0
+    except ValueError:
+        raise ConfigError(f"LCM_READ_MAX_LAG_S must be a number of seconds, got {raw!r}") from None
+
+
 def hermes_home_from_env() -> Path | None:
     """``HERMES_HOME``: set when lcm runs inside (or for) a Hermes agent."""
     raw = os.environ.get("HERMES_HOME", "").strip()

@@ -107,6 +107,19 @@ class Backend(ABC):
         #: Insert statements built once per (table, returning, ...): see ``insert_rows``.
         self._inserts: dict[tuple[Any, ...], Any] = {}
 
+    #: Whether a streaming read replica can serve lag-tolerant reads (``LCM_DATABASE_READ_URL``).
+    supports_replica: bool = False
+
+    def write_position(self, conn: Connection) -> str | None:
+        """Where the database's write-ahead log is after this connection's last commit (what a
+        replica must have replayed to show it); None for a backend without replicas."""
+        return None
+
+    def replica_state(self, conn: Connection, since: str | None) -> tuple[bool, float]:
+        """On a replica connection: (has it replayed ``since``, seconds it has been sitting on
+        WAL it received but has not applied)."""
+        raise NotImplementedError(f"{self.name} has no read replicas")
+
     @abstractmethod
     def engine_options(self, url: URL) -> dict[str, Any]:
         """Keyword arguments for ``sqlalchemy.create_engine`` (pool settings aside)."""

@@ -117,6 +117,12 @@ def _driver_row(conn: Connection, sql: str, params: dict[str, Any]) -> dict[str,
                                   connection_invalidated=gone, dialect=conn.dialect) from exc
 
 
+def lsn_bytes(lsn: str) -> int:
+    """A WAL position (``16/B374D848``) as a byte offset, to compare two of them."""
+    high, _, low = lsn.partition("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
 class PostgresBackend(Backend):
     name = "postgresql"
     #: No ``pool_pre_ping``: it costs a round trip on every checkout, several per turn. A
@@ -124,6 +130,20 @@ class PostgresBackend(Backend):
     #: and one that drops mid-transaction raises a retryable error (``lcm.errors.retry_dropped``).
     pool_options = {"pool_size": 5, "max_overflow": 10}
     autocommit_reads = True
+    supports_replica = True
+
+    def write_position(self, conn: Connection) -> str | None:
+        return conn.exec_driver_sql("SELECT pg_current_wal_lsn()::text").scalar()
+
+    def replica_state(self, conn: Connection, since: str | None) -> tuple[bool, float]:
+        in_recovery, replayed, received, idle = conn.exec_driver_sql(
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text, "
+            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8").one()
+        if not in_recovery:  # a primary (a promoted replica, or the primary itself): it has everything
+            return True, 0.0
+        caught_up = since is None or (replayed is not None and lsn_bytes(replayed) >= lsn_bytes(since))
+        behind = received is not None and replayed is not None and lsn_bytes(received) > lsn_bytes(replayed)
+        return caught_up, float(idle or 0.0) if behind else 0.0
 
     def __init__(self) -> None:
         super().__init__()

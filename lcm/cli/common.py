@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -19,11 +19,33 @@ from rich.text import Text
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
-url_option = click.option(
+F = TypeVar("F", bound=Callable[..., Any])
+
+_url_option = click.option(
     "--url", envvar="LCM_DATABASE_URL", default=None, metavar="URL",
     help="Database URL (sqlite:///path or postgresql+psycopg://user@host/db); "
          "default: $LCM_DATABASE_URL, else ~/.lcm/lcm.db.",
 )
+#: Where ``--read-url`` is kept for ``lcm.cli.stores.open_store`` (the click context's meta).
+READ_URL_KEY = "lcm.read_url"
+
+
+def _remember_read_url(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        ctx.meta[READ_URL_KEY] = value
+    return value
+
+
+_read_url_option = click.option(
+    "--read-url", envvar="LCM_DATABASE_READ_URL", default=None, metavar="URL", expose_value=False,
+    callback=_remember_read_url,
+    help="A streaming replica of the PostgreSQL store for searches, expand, describe, exports and "
+         "lcm ui (default: $LCM_DATABASE_READ_URL); a replica that lags or is down costs a fallback to --url.")
+
+
+def url_option(command: F) -> F:
+    """``--url`` and ``--read-url``: the store, and optionally a read replica of it."""
+    return _url_option(_read_url_option(command))
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 tsv_option = click.option("--tsv", "as_tsv", is_flag=True,
                           help="Print tab-separated values with a header line (for cut, awk, spreadsheets).")

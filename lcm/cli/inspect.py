@@ -38,7 +38,12 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
             table.add_row(key, Text(shown))  # JSON for structured values, never Python reprs
         show_table(table)
         return
-    stats = open_store(url).health.stats()
+    store = open_store(url)
+    stats = store.health.stats()
+    replica = store.replica_state()
+    if replica is not None:
+        store.sessions.agents()  # one lag-tolerant read: is the replica answering, and caught up?
+        stats["read_replica"] = store.replica_state()
     if as_json:
         emit_json(stats)
         return
@@ -46,6 +51,10 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
     for key in ("backend", "database", "agents", "sessions", "messages", "summaries", "payloads"):
         table.add_row(key, Text(str(stats[key])))
     table.add_row("size", f"{(stats['bytes'] or 0) / 1_048_576:.1f} MiB")
+    if replica is not None:
+        r = stats["read_replica"]
+        table.add_row("read replica", Text(f"{r['url']}: " + ("answering" if r["reads"] else
+                                                               f"not used ({r['last_problem']})")))
     show_table(table)
 
 

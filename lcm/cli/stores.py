@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import click
+
+from lcm.cli.common import READ_URL_KEY
 from lcm.config import LcmConfig
 from lcm.context.ports import StorePorts
 from lcm.context.session import ContextSession
@@ -29,7 +32,13 @@ def open_store(url: str | None, *, create: bool = False) -> Store:
     """The store at ``url`` (see :func:`require_existing` unless ``create``)."""
     if not create:
         require_existing(url)
-    return Store.open(db.resolve_url(url))
+    return Store.open(db.resolve_url(url), read_url=read_url_option())
+
+
+def read_url_option() -> str | None:
+    """``--read-url`` of the running command (None: ``LCM_DATABASE_READ_URL`` decides)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(READ_URL_KEY) if ctx is not None else None
 
 
 def open_context(url: str | None, agent: str, *, create: bool = False, context_length: int | None = None,

@@ -9,7 +9,7 @@ from importlib.util import find_spec
 import click
 
 from lcm.cli.common import emit_json, json_option, say, url_option
-from lcm.cli.stores import require_existing
+from lcm.cli.stores import read_url_option, require_existing
 from lcm.config import install_command
 from lcm.errors import ConfigError
 from lcm.store import Store
@@ -36,7 +36,8 @@ def ui_command(url: str | None, as_json: bool, host: str, port: int, token: str 
     if not is_loopback(host) and token is None:
         token = secrets.token_urlsafe(24)
     require_existing(url)
-    store = Store.open(db.resolve_url(url), upgrade=False, read_only=True)  # not even a schema upgrade
+    # Not even a schema upgrade; reads from the replica when --read-url / LCM_DATABASE_READ_URL names one.
+    store = Store.open(db.resolve_url(url), upgrade=False, read_only=True, read_url=read_url_option())
     sock = bind(host, port)
     shown_host = f"[{host}]" if ":" in host else host
     address = f"http://{shown_host}:{sock.getsockname()[1]}/" + (f"?token={token}" if token else "")

@@ -25,13 +25,15 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
 from lcm.backends import Backend
-from lcm.errors import SchemaMismatchError
+from lcm.config import database_read_url_from_env, read_replica_max_lag_s
+from lcm.errors import ConfigError, SchemaMismatchError
 from lcm.store import connection, migrations
 from lcm.store._core import StoreCore
 from lcm.store.catchup import BackgroundCatchUp
 from lcm.store.forget import ForgetRepository
 from lcm.store.health import HealthRepository
 from lcm.store.messages import MessageRepository
+from lcm.store.replica import ReadReplica
 from lcm.store.search import SearchRepository
 from lcm.store.sessions import SessionRepository
 from lcm.store.summaries import SummaryRepository
@@ -43,8 +45,15 @@ __all__ = ["Store"]
 class Store:
     """A handle on one lcm database. Cheap to share; safe to use from several threads."""
 
-    def __init__(self, url: URL):
+    def __init__(self, url: URL, *, read_url: URL | None = None):
         self._core = core = StoreCore(url, connection.get_engine(url))
+        if read_url is not None:
+            if not core.backend.supports_replica or read_url.get_backend_name() != url.get_backend_name():
+                raise ConfigError(
+                    f"a read replica ({connection.display_url(read_url)}) serves a PostgreSQL store, and "
+                    f"{connection.display_url(url)} is not one: unset LCM_DATABASE_READ_URL / --read-url")
+            core.replica = ReadReplica(read_url, connection.replica_engine(read_url), core.backend,
+                                       read_replica_max_lag_s())
         self.sessions = SessionRepository(core)
         self.messages = MessageRepository(core)
         self.summaries = SummaryRepository(core)
@@ -54,7 +63,8 @@ class Store:
         self.forget = ForgetRepository(core)
 
     @classmethod
-    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None, read_only: bool = False) -> Store:
+    def open(cls, url: str | URL | None = None, *, upgrade: bool | None = None, read_only: bool = False,
+             read_url: str | URL | None = None) -> Store:
         """Open (and for SQLite create or upgrade) the lcm database at ``url`` (default:
         ``LCM_DATABASE_URL``, else ``~/.lcm/lcm.db``).
 
@@ -63,13 +73,18 @@ class Store:
         server, schema changes are an operator's decision). ``upgrade=True`` upgrades either;
         ``upgrade=False`` never does.
 
+        ``read_url`` (default: ``LCM_DATABASE_READ_URL``): a streaming replica of a PostgreSQL
+        store for the reads that tolerate a little lag (``lcm.store.replica``).
+
         ``read_only=True`` (``lcm ui``): lcm itself writes nothing, not even derived data, so
         messages a writer stored since the search index last caught up (fewer than
         ``INDEX_BATCH`` on SQLite) are not found by search (on PostgreSQL: only by their exact
         words), which says so in its notes.
         """
         resolved = url if isinstance(url, URL) else connection.resolve_url(url)
-        store = cls(resolved)
+        raw_read = read_url if read_url is not None else database_read_url_from_env()
+        replica = raw_read if isinstance(raw_read, URL) or raw_read is None else connection.resolve_url(raw_read)
+        store = cls(resolved, read_url=replica)
         store._core.read_only = read_only
         state = store._core.schema_state()
         if state.status == "current":
@@ -123,6 +138,10 @@ class Store:
     @fault_hook.setter
     def fault_hook(self, hook: Callable[[str], None] | None) -> None:
         self._core.on_write_step = hook
+
+    def replica_state(self) -> dict[str, Any] | None:
+        """The read replica's use so far (reads served, fallbacks, last problem), if one is set."""
+        return self._core.replica.state() if self._core.replica is not None else None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Store:
         return self  # a store is a shared handle on a process-wide engine, never copied

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, RowMapping, Select, Table, event, select
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
 from lcm import codec
 from lcm.backends import Backend, backend_for_url
@@ -28,6 +28,7 @@ from lcm.errors import AccessDeniedError, DatabaseUnavailableError, NotFoundErro
 from lcm.records import SessionRecord, SummaryRecord
 from lcm.store import connection, migrations
 from lcm.store.catchup import BackgroundCatchUp
+from lcm.store.replica import ReadReplica, ReplicaFailed, tolerant_now
 from lcm.store.schema import (
     Agent,
     CarriedSummary,
@@ -156,6 +157,10 @@ class StoreCore:
         #: Set by ``Store.open(read_only=True)`` (``lcm ui``): lcm writes nothing, not even
         #: derived data such as the search index's backlog.
         self.read_only = False
+        #: A streaming replica for lag-tolerant reads (``lcm.store.replica``), and where the
+        #: primary's log was after this process's last write (what the replica must have replayed).
+        self.replica: ReadReplica | None = None
+        self.last_write_position: str | None = None
         #: Catches up derived search data after writes where the backend leaves it for later
         #: and another connection can do it (PostgreSQL's stemmed vectors); None elsewhere.
         self.background: BackgroundCatchUp | None = (
@@ -183,6 +188,26 @@ class StoreCore:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
+        """A read. Inside a lag-tolerant call (``lcm.store.replica``), or anywhere in a store
+        opened read-only, it goes to the read replica when one is configured and has replayed
+        this process's last write; a replica failing part-way raises ReplicaFailed, and the call
+        runs again on the primary."""
+        replica = self.replica
+        if replica is not None and (self.read_only or tolerant_now()):
+            conn = replica.connection(self.last_write_position)
+            if conn is not None:
+                try:
+                    with conn:
+                        yield conn
+                except DBAPIError as exc:
+                    if not isinstance(exc, OperationalError | InterfaceError) and not exc.connection_invalidated:
+                        raise
+                    replica.failed(exc)
+                    if not tolerant_now():  # a read-only store's plain read: no caller to rerun it
+                        raise DatabaseUnavailableError(f"the read replica failed: {first_line(exc)}",
+                                                       retryable=True) from exc
+                    raise ReplicaFailed(str(exc)) from exc
+                return
         with self._failures("read from"):
             if self.backend.autocommit_reads:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -200,10 +225,12 @@ class StoreCore:
         healed = yielded = committing = False
         while True:
             try:
-                with self.engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
-                    yielded = True
-                    yield conn
-                    committing = True  # the body is done: leaving the block commits
+                with self.engine.connect().execution_options(lcm_write=True) as conn:
+                    with conn.begin():
+                        yielded = True
+                        yield conn
+                        committing = True  # the body is done: leaving the block commits
+                    self._note_write(conn)
                 return
             except OperationalError as exc:
                 blocked, fixed = self.backend.write_blocked(self.url, heal=True)
@@ -228,6 +255,21 @@ class StoreCore:
         with self._failures("write to"), self.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
             yield conn
+            self._note_write(conn)
+
+    def _note_write(self, conn: Connection) -> None:
+        """With a read replica: remember where the primary's log is after this commit, so no
+        read of this process is served by a replica that has not replayed it."""
+        if self.replica is None:
+            return
+        try:
+            position = self.backend.write_position(conn)
+        except DBAPIError:
+            position = None
+        if position is not None:
+            self.last_write_position = position
+        else:  # unknown: no replica read until a later write says where the log is
+            self.last_write_position = "FFFFFFFF/FFFFFFFF"
 
     def _engine_disposed(self, _engine: Engine) -> None:
         if self.background is not None:

@@ -93,6 +93,27 @@ def _create(url: URL, *, pooled: bool = True) -> Engine:
     return engine
 
 
+#: How long a read waits to reach the replica before it goes to the primary instead.
+REPLICA_CONNECT_TIMEOUT_S = 2
+
+
+def replica_engine(url: URL) -> Engine:
+    """The shared engine for a read replica: pinged on every checkout (a replica that went away
+    must cost a fallback, not a failed read) and quick to give up connecting."""
+    key = "replica:" + url.render_as_string(hide_password=False)
+    with _lock:
+        engine = _registry.get(key)
+        if engine is None:
+            if "connect_timeout" not in url.query:
+                url = url.update_query_dict({"connect_timeout": str(REPLICA_CONNECT_TIMEOUT_S)})
+            backend = backend_for_url(url)
+            options = {**backend.engine_options(url), **backend.pool_options, "pool_pre_ping": True}
+            engine = create_engine(url, **options)
+            backend.configure_engine(engine)
+            _registry[key] = engine
+        return engine
+
+
 def standalone_engine(url: URL) -> Engine:
     """An unpooled engine with lcm's connection setup (migrations, one-off tools)."""
     return _create(url, pooled=False)

@@ -45,6 +45,7 @@ from lcm.store._core import (
     sessions_t,
     storable_id,
 )
+from lcm.store.replica import lag_tolerant
 
 #: Claim the next seq numbers of a session whose last seq is as expected, and add the counts;
 #: the row comes back (and stays locked until commit), or nothing when the session moved on.
@@ -389,6 +390,7 @@ class MessageRepository:
         with self._core.read() as conn:
             return records(conn, conn.execute(stmt).all())
 
+    @lag_tolerant
     def page(self, session_pk: int, *, after_store_id: int | None = None, limit: int = 100,
              roles: Sequence[str] | None = None) -> tuple[list[MessageRecord], int | None]:
         """One page of a session in store order, and the cursor for the next (None at the end)."""
@@ -415,11 +417,13 @@ class MessageRepository:
         with self._core.read() as conn:
             return records(conn, conn.execute(stmt.order_by(messages_t.c.seq.desc()).limit(limit)).all())
 
+    @lag_tolerant
     def get(self, store_id: int, *, agent: str) -> MessageRecord | None:
         """The message with this store id if it belongs to ``agent`` (else None: not found)."""
         found = self.get_many([store_id], agent=agent)
         return found[0] if found else None
 
+    @lag_tolerant
     def get_many(self, store_ids: Sequence[int], *, agent: str) -> list[MessageRecord]:
         """The agent's messages with these ids, in the order given; others are left out."""
         ids = [i for i in store_ids if storable_id(i)]

@@ -20,6 +20,7 @@ from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
 from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
 from lcm.store.messages import message_select, records
+from lcm.store.replica import lag_tolerant
 from lcm.store.vectors import Kind, VectorRepository
 from lcm.textindex import Query, Term, any_words, make_snippet, parse_query
 
@@ -96,6 +97,7 @@ class SearchRepository:
         many stay unindexed (0 unless the store may not write)."""
         return self._core.catch_up_index()
 
+    @lag_tolerant
     def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
                           ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]:
         """For each of the agent's messages ``store_ids``: the message just before it and the one
@@ -122,6 +124,7 @@ class SearchRepository:
         return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))
                 for r in placed}
 
+    @lag_tolerant
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
                          session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
                          time_from: float | None = None, time_to: float | None = None,
@@ -133,6 +136,7 @@ class SearchRepository:
         return self._similar(query, vector, model, agent, "message", session_pk, limit, (), _message_hits,
                              roles=tuple(roles), platform=platform, time_from=time_from, time_to=time_to)
 
+    @lag_tolerant
     def similar_summaries(self, query: str, vector: Matrix, *, model: str, agent: str,
                           session_pk: int | None = None, node_ids: Collection[int] = (),
                           limit: int = 10) -> SearchResult:
@@ -156,6 +160,7 @@ class SearchRepository:
             hits = [replace(h, match="semantic") for h in hits_of(conn, spec, chosen)]
         return SearchResult(hits=hits)
 
+    @lag_tolerant
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
@@ -174,6 +179,7 @@ class SearchRepository:
                          any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to)
 
+    @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None, time_to: float | None = None,
                   any_words: bool = False) -> SearchResult:

@@ -34,6 +34,7 @@ from lcm.store._core import (
     system_prompts_t,
 )
 from lcm.store.family import FamilyWriter, add_skipped_statement
+from lcm.store.replica import lag_tolerant
 
 #: How many generations of forks lcm follows from a session to its family's root.
 MAX_FORK_DEPTH = 64
@@ -142,6 +143,7 @@ class SessionRepository:
             raise NotFoundError(f"session {session_pk} not found")
         return session_record(row)
 
+    @lag_tolerant
     def of_agent(self, agent: str, *, limit: int = SESSION_PAGE, after_id: int | None = None) -> list[SessionRecord]:
         """The agent's sessions, oldest first, paged by internal id."""
         checked_int("limit", limit, low=1, high=MAX_PAGE_LIMIT)
@@ -177,6 +179,7 @@ class SessionRepository:
                 tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
         return {int(r.session_id): float(r.ts) for r in rows}
 
+    @lag_tolerant
     def agents(self) -> list[str]:
         """Every agent with a row in this store, oldest first."""
         with self._core.read() as conn:

@@ -38,6 +38,7 @@ from lcm.store._core import (
     summary_record,
 )
 from lcm.store.messages import message_select, records
+from lcm.store.replica import lag_tolerant
 from lcm.textindex import index_body
 
 
@@ -192,6 +193,7 @@ class SummaryRepository:
         self._core.fault_point("summary_inserted")
         return int(node_id)
 
+    @lag_tolerant
     def get(self, node_id: int, *, agent: str | None = None) -> SummaryRecord | None:
         """The summary node (of ``agent`` when given), or None."""
         if not storable_id(node_id):
@@ -203,6 +205,7 @@ class SummaryRepository:
             row = conn.execute(stmt).first()
         return summary_record(row) if row is not None else None
 
+    @lag_tolerant
     def source_ids(self, node_id: int) -> list[int]:
         """The node's sources in order: message store ids (leaf) or child node ids."""
         with self._core.read() as conn:
@@ -210,6 +213,7 @@ class SummaryRepository:
                 edges_t.c.summary_id == node_id).order_by(edges_t.c.ordinal)).all()
         return [m if m is not None else c for m, c in rows]
 
+    @lag_tolerant
     def expand(self, node_id: int, *, offset: int = 0, limit: int | None = None,
                ) -> tuple[list[MessageRecord] | list[SummaryRecord], int]:
         """A page of the node's sources in order (messages or child summaries), and their total."""
@@ -284,6 +288,7 @@ class SummaryRepository:
         with self._core.read() as conn:
             return [summary_record(r) for r in conn.execute(_uncondensed_select(session_pk)).all()]
 
+    @lag_tolerant
     def of_session(self, session_pk: int, *, depth: int | None = None, limit: int = 100,
              after_first_seq: int | None = None) -> list[SummaryRecord]:
         """The session's summaries (of one depth when given) in conversation order, paged."""
@@ -297,6 +302,7 @@ class SummaryRepository:
             rows = conn.execute(stmt.order_by(summaries_t.c.depth, summaries_t.c.first_seq).limit(limit)).all()
         return [summary_record(r) for r in rows]
 
+    @lag_tolerant
     def depth_stats(self, session_pk: int) -> list[DepthStats]:
         """Per depth: node count, uncondensed count and summary tokens."""
         uncondensed = func.sum(case((summaries_t.c.parent_id.is_(None), 1), else_=0))

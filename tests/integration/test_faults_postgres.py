@@ -6,14 +6,7 @@ touched.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -21,67 +14,16 @@ from lcm.config import LcmConfig
 from lcm.engine import LcmEngine
 from lcm.store import Store
 from tests.support.conversation import SYSTEM, conversation
+from tests.support.pg_cluster import Cluster, cannot_run_a_cluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
-def _bin(name: str) -> str | None:
-    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return found if isinstance(found, str) else (found[-1] if found else None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """A throwaway PostgreSQL cluster run as the ``postgres`` user."""
-
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="lcm-pg-"))
-        self.data = self.root / "data"
-        self.port = _free_port()
-        shutil.chown(self.root, "postgres", "postgres")
-        self._as_postgres(_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                          "--no-sync", "-E", "UTF8")
-        self.start()
-
-    def _as_postgres(self, *cmd: str | None) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *map(str, cmd)], check=True,
-                       capture_output=True, timeout=120)
-
-    def _ctl(self, *args: str) -> None:
-        self._as_postgres(_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", *args)
-
-    def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
-                  "-l", str(self.root / "log"), "start")
-
-    def stop(self) -> None:
-        self._ctl("-m", "fast", "stop")
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def close(self) -> None:
-        try:
-            self.stop()
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture
 def cluster():
-    if os.geteuid() != 0 or not _bin("initdb") or not shutil.which("runuser"):
-        pytest.skip("needs root, runuser and PostgreSQL's initdb/pg_ctl to run a private cluster")
+    why = cannot_run_a_cluster()
+    if why:
+        pytest.skip(why)
     c = Cluster()
     try:
         Store.open(c.url, upgrade=True)
