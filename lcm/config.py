@@ -258,6 +258,9 @@ PROCESS_VARIABLES: dict[str, str] = {
     "LCM_PG_POOLER": "auto, transaction or none: whether lcm connects through a transaction-mode pooler such as PgBouncer (auto: detected)",
     "LCM_APPLICATION_NAME": "application_name of lcm's PostgreSQL connections (default: lcm, or lcm-cli <command>)",
     "LCM_DEBUG": "the command line shows the traceback of an unexpected error",
+    "LCM_DATABASE_READ_URL": "a streaming replica of the PostgreSQL store for lag-tolerant reads (search, expand, "
+                             "describe, exports, the explorer)",
+    "LCM_READ_MAX_LAG_S": "a replica sitting on WAL it has not applied for longer than this is not used (default 30)",
 }
 
 #: How long a SQLite write waits for another writer's lock before failing (milliseconds).
