@@ -11,6 +11,8 @@
     python -m benchmarks --only cli       # lcm --version / --help / a command, as whole processes
     python -m benchmarks --only locomo    # lcm_grep recall@5/10 on LoCoMo conversations (LCM_LOCOMO_DIR)
     python -m benchmarks --only locomo_prompt  # evidence in the prompt, with and without auto-recall
+    python -m benchmarks --only server_cost --backend postgresql  # what the server spends per turn
+    python -m benchmarks --only pooler --backend postgresql       # 500 agent connections through PgBouncer
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -53,6 +55,8 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "cli": [{"runs": 3}],
         "locomo": [{"conversations": 1, "semantic": False}],
         "locomo_prompt": [{"conversations": 1, "semantic": False}],
+        "server_cost": [{"turns": 20, "repeats": 2}],
+        "pooler": [{"agents": 20, "processes": 2, "turns": 3, "pool_size": 2, "think_s": 0.1}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -68,6 +72,8 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "cli": [{"runs": 15}],
         "locomo": [{}],
         "locomo_prompt": [{}],
+        "server_cost": [{"turns": 300, "repeats": 5}],
+        "pooler": [{"agents": 500, "processes": 10, "turns": 6, "pool_size": 10, "think_s": 10.0}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in

@@ -293,10 +293,84 @@ def locomo_prompt(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def server_cost(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """PostgreSQL: what the server spends per agent turn, per repeat, against the raw driver."""
+    specs = []
+    for r in results:
+        if "skipped" in r:
+            specs.append(TableSpec(f"server cost per turn, {r['backend']}: skipped", ["why"], left=frozenset({"why"}),
+                                   rows=[[r["skipped"]]]))
+            continue
+        per_core = r["agents_per_core"]
+        median = r["lcm_cpu_ms_per_turn"]["median"]
+        spec = TableSpec(
+            f"server cost per agent turn, PostgreSQL, private cluster ({r['turns']} turns per pass, "
+            f"{r['repeats']} interleaved repeats)",
+            ["repeat", "lcm CPU ms/turn", "raw CPU ms/turn", "CPU ratio", "lcm WAL KiB/turn", "raw WAL KiB/turn",
+             "lcm rows/turn", "raw rows/turn", "lcm statements/turn", "lcm turn p50 ms", "ingest statements/turn",
+             "ingest p50 ms (raw)", "ingest vs raw"],
+            left=frozenset({"repeat"}),
+            notes=[f"CPU: every process of the cluster, from /proc; a turn stores 4 messages, compacts when the 16k "
+                   f"window fills and searches every 5th turn (raw: the same 4 rows in one transaction, a full-text "
+                   f"query every 5th turn). Median lcm CPU {median:.2f} ms/turn (range "
+                   f"{r['lcm_cpu_ms_per_turn']['min']:.2f}-{r['lcm_cpu_ms_per_turn']['max']:.2f}); "
+                   f"CPU ratio median {r['cpu_ratio']['median']:.1f}x.",
+                   f"ingest vs raw: per-turn ingest alone (on_turn_complete) as a share of the raw driver's turns/s: "
+                   f"median {r['ingest_ratio']['median']:.0%}, range {r['ingest_ratio']['min']:.0%}-"
+                   f"{r['ingest_ratio']['max']:.0%}.",
+                   (f"capacity: one server core = 1,000 ms of CPU per second; an agent taking a turn every "
+                    f"{r['agent_turn_every_s']} s costs {median:.2f} / {r['agent_turn_every_s']} = "
+                    f"{median / r['agent_turn_every_s']:.3f} ms/s, so one core carries {per_core:,.0f} such agents "
+                    "(server CPU only; disk and memory not counted)") if per_core else ""])
+        for i, p in enumerate(r["passes"], 1):
+            lcm, raw = p["lcm"], p["raw"]
+            spec.rows.append([str(i), f(lcm["cpu_ms_per_turn"]), f(raw["cpu_ms_per_turn"]),
+                              f(lcm["cpu_ms_per_turn"] / raw["cpu_ms_per_turn"], 1) + "x" if raw["cpu_ms_per_turn"]
+                              else "-",
+                              f(lcm["wal_bytes_per_turn"] / 1024, 1), f(raw["wal_bytes_per_turn"] / 1024, 1),
+                              f(lcm["rows_per_turn"], 1), f(raw["rows_per_turn"], 1), f(lcm["statements_per_turn"], 1),
+                              f(lcm["turn_ms"]["p50"]), f(p["ingest"]["lcm_statements_per_turn"], 1),
+                              f"{f(p['ingest']['lcm_p50_ms'])} ({f(p['ingest']['raw_p50_ms'])})",
+                              _pct(p["ingest"]["ratio"])])
+        specs.append(spec)
+        for label, top_of in (("agent turns", r["passes"][-1]["lcm"]["top_statements"]),
+                              ("ingest alone", r["passes"][-1]["ingest"]["lcm_top_statements"])):
+            top = TableSpec(f"the server's costliest lcm statements, {label} (last repeat, pg_stat_statements)",
+                            ["calls", "total ms", "statement"], left=frozenset({"statement"}))
+            for st in top_of:
+                top.rows.append([str(st["calls"]), f(st["ms"], 1), st["query"]])
+            specs.append(top)
+    return specs
+
+
+def pooler(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """PostgreSQL through PgBouncer: many agent connections on a small server pool."""
+    specs = []
+    for r in results:
+        if "skipped" in r:
+            specs.append(TableSpec(f"many connections, {r['backend']}: skipped", ["why"], left=frozenset({"why"}),
+                                   rows=[[r["skipped"]]]))
+            continue
+        spec = TableSpec(
+            f"many connections through PgBouncer (transaction mode, pool {r['pool_size']}): {r['agents']} agents in "
+            f"{r['processes']} processes, {r['turns_per_agent']} turns each",
+            ["agents", "client conns (peak)", "server conns (peak)", "turns/s", "turn p50 ms", "p95", "p99",
+             "search p95", "longest wait ms", "errors", "lost", "stored twice"],
+            left=frozenset({"agents"}),
+            notes=["client conns: what PgBouncer held at once (SHOW POOLS, cl_active + cl_waiting); server conns: "
+                   "what it opened to PostgreSQL; lost / stored twice: the server's rows against what the agents sent"])
+        spec.rows.append([str(r["agents"]), str(r["peak_client_connections"]), str(r["peak_server_connections"]),
+                          f(r["turns_per_s"], 1), f(r["turn_ms"]["p50"], 1), f(r["turn_ms"]["p95"], 1),
+                          f(r["turn_p99_ms"], 1), f(r["search_ms"]["p95"], 1) if r["search_ms"] else "-",
+                          f(r["max_client_wait_ms"], 1), str(r["errors"]), str(r["lost"]), str(r["stored_twice"])])
+        specs.append(spec)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
     "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo,
-    "locomo_prompt": locomo_prompt}
+    "locomo_prompt": locomo_prompt, "server_cost": server_cost, "pooler": pooler}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -40,7 +40,8 @@ class Cluster:
     """A throwaway PostgreSQL cluster run as the ``postgres`` user (trust auth, loopback only).
     ``replica_of``: instead of ``initdb``, a streaming copy of that running cluster."""
 
-    def __init__(self, replica_of: Cluster | None = None) -> None:
+    def __init__(self, replica_of: Cluster | None = None, settings: dict[str, str] | None = None) -> None:
+        self.settings = dict(settings or {})
         self.root = Path(tempfile.mkdtemp(prefix="lcm-pg-"))
         self.data = self.root / "data"
         self.port = free_port()
@@ -57,8 +58,13 @@ class Cluster:
         _as_postgres(pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", *args)
 
     def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+        extra = "".join(f" -c {k}={v}" for k, v in self.settings.items())
+        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off{extra}",
                   "-l", str(self.root / "log"), "start")
+
+    @property
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
 
     def stop(self) -> None:
         self._ctl("-m", "fast", "stop")

@@ -46,7 +46,7 @@ def _free_port() -> int:
 class Bouncer:
     """PgBouncer on 127.0.0.1:<port>, database ``lcm`` mapped to a fresh server database."""
 
-    def __init__(self, server_url: str, *, pool_size: int = 1):
+    def __init__(self, server_url: str, *, pool_size: int = 1, max_client_conn: int = 200):
         self.server = make_url(server_url)
         self.dbname = "lcm_pgb_" + uuid.uuid4().hex[:10]
         self.root = Path(tempfile.mkdtemp(prefix="lcm-pgbouncer-"))
@@ -60,22 +60,30 @@ class Bouncer:
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             "auth_type = trust\n"
+            "log_connections = 0\nlog_disconnections = 0\n"
             f"auth_file = {self.root / 'users.txt'}\n"
             "pool_mode = transaction\n"
             f"default_pool_size = {pool_size}\nmin_pool_size = 0\nreserve_pool_size = 0\n"
-            "max_client_conn = 200\n"
+            f"max_client_conn = {max_client_conn}\n"
+            "listen_backlog = 4096\n"
+            f"admin_users = {user}\n"
             f"logfile = {self.root / 'pgbouncer.log'}\n")
         cmd = [str(pgbouncer_binary()), str(self.root / "pgbouncer.ini")]
+        if shutil.which("prlimit"):  # room for every client and server connection (the default is 1,024 files)
+            cmd = [str(shutil.which("prlimit")), f"--nofile={max_client_conn + 256}", *cmd]
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
             for f in self.root.iterdir():
                 shutil.chown(f, "postgres", "postgres")
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # stderr to a file, never a pipe: nobody reads a pipe while PgBouncer runs, and once its
+        # log lines fill the pipe's 64 KiB, PgBouncer blocks in write() and stops serving.
+        self._stderr = open(self.root / "stderr.log", "wb")  # closed in close()
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                said = self.process.stderr.read().decode() if self.process.stderr else ""
+                said = (self.root / "stderr.log").read_text(errors="replace")
                 raise RuntimeError(f"pgbouncer exited: {said} {self.log()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -83,6 +91,17 @@ class Bouncer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("pgbouncer did not listen within 20 s: " + self.log())
+
+    def show(self, what: str) -> list[dict[str, object]]:
+        """``SHOW <what>`` on PgBouncer's admin console (POOLS, CLIENTS, STATS, ...)."""
+        import psycopg
+
+        user = self.server.username or "postgres"
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} dbname=pgbouncer user={user} connect_timeout=10",
+                             autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
+            cur = conn.execute(f"SHOW {what}")
+            names = [d.name for d in cur.description or []]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def log(self) -> str:
         path = self.root / "pgbouncer.log"
@@ -109,6 +128,7 @@ class Bouncer:
             admin.dispose()
 
     def close(self) -> None:
+        self._stderr.close()
         self.process.terminate()
         try:
             self.process.wait(timeout=10)
