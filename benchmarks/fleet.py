@@ -43,12 +43,39 @@ def _turn(rng: random.Random, i: int) -> list[dict[str, Any]]:
                                              f"retry; nothing else failed in s{i % 40}."}]
 
 
+def host_step(context: Any, transcript: list[dict[str, Any]], rng: random.Random, i: int, times: list[float],
+              searches: list[float], errors: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """Turn ``i`` of the host loop: the turn handed to the engine (``ContextSession.turn``) and,
+    every fifth turn, an ``lcm_grep`` over all the agent's sessions; latencies and errors go to
+    the lists. Returns the transcript the engine handed back and the messages stored (0 when
+    the turn failed)."""
+    from lcm.tools import run_tool
+
+    turn = _turn(rng, i)
+    transcript = [*transcript, *turn]
+    sent = 0
+    t0 = time.perf_counter()
+    try:
+        transcript = context.turn(transcript)
+        sent = len(turn)
+    except Exception as exc:  # noqa: BLE001 - counted, the loop goes on
+        errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+    times.append((time.perf_counter() - t0) * 1000)
+    if (i + 1) % SEARCH_EVERY == 0:
+        t0 = time.perf_counter()
+        res = json.loads(run_tool(context, "lcm_grep", {"query": f"retry {rng.choice(LOG_WORDS)}",
+                                                         "session_scope": "all", "limit": 10}))
+        searches.append((time.perf_counter() - t0) * 1000)
+        if "error" in res:
+            errors.append(res["error"][:160])
+    return transcript, sent
+
+
 def _agent(url: str, agent: str, seconds: float, start_at: float, out: Any) -> None:
     """One agent process: the host loop until the deadline; its latencies go to ``out``."""
     from lcm.config import LcmConfig
     from lcm.context.session import ContextSession
     from lcm.store import Store
-    from lcm.tools import run_tool
 
     rng = random.Random(agent)
     turns: list[float] = []
@@ -63,21 +90,8 @@ def _agent(url: str, agent: str, seconds: float, start_at: float, out: Any) -> N
     deadline = start_at + seconds
     i = 0
     while time.time() < deadline:
-        transcript = [*transcript, *_turn(rng, i)]
-        t0 = time.perf_counter()
-        try:
-            transcript = context.turn(transcript)
-        except Exception as exc:  # noqa: BLE001 - counted, the loop goes on
-            errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
-        turns.append((time.perf_counter() - t0) * 1000)
+        transcript, _ = host_step(context, transcript, rng, i, turns, searches, errors)
         i += 1
-        if i % SEARCH_EVERY == 0:
-            t0 = time.perf_counter()
-            res = json.loads(run_tool(context, "lcm_grep", {"query": f"retry {rng.choice(LOG_WORDS)}",
-                                                             "session_scope": "all", "limit": 10}))
-            searches.append((time.perf_counter() - t0) * 1000)
-            if "error" in res:
-                errors.append(res["error"][:120])
     out.put({"turns": turns, "searches": searches, "errors": errors})
 
 

@@ -18,7 +18,6 @@ lost or stored twice. The settings used are the recipe in docs/fleet.md.
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import random
@@ -27,7 +26,7 @@ import time
 from typing import Any
 
 from benchmarks.common import pct, pg_base, summary_ms
-from benchmarks.fleet import LOG_WORDS, SEARCH_EVERY, WINDOW, _turn
+from benchmarks.fleet import WINDOW, host_step
 from tests.support.pgbouncer import Bouncer, why_not_available
 
 SAMPLE_EVERY_S = 0.2
@@ -38,7 +37,6 @@ def _agent(url: str, name: str, turns: int, think_s: float, ready: threading.Bar
     from lcm.config import LcmConfig
     from lcm.context.session import ContextSession
     from lcm.store import Store
-    from lcm.tools import run_tool
 
     times: list[float] = []
     searches: list[float] = []
@@ -59,22 +57,8 @@ def _agent(url: str, name: str, turns: int, think_s: float, ready: threading.Bar
     try:
         for i in range(turns if context is not None else 0):
             time.sleep(think_s * rng.uniform(0.5, 1.5))  # the agent's model thinking
-            turn = _turn(rng, i)
-            transcript = [*transcript, *turn]
-            t0 = time.perf_counter()
-            try:
-                transcript = context.turn(transcript)
-                sent += len(turn)
-            except Exception as exc:  # noqa: BLE001 - counted, the loop goes on
-                errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
-            times.append((time.perf_counter() - t0) * 1000)
-            if (i + 1) % SEARCH_EVERY == 0:
-                t0 = time.perf_counter()
-                found = json.loads(run_tool(context, "lcm_grep", {"query": f"retry {rng.choice(LOG_WORDS)}",
-                                                                   "session_scope": "all", "limit": 5}))
-                searches.append((time.perf_counter() - t0) * 1000)
-                if "error" in found:
-                    errors.append(found["error"][:160])
+            transcript, stored = host_step(context, transcript, rng, i, times, searches, errors)
+            sent += stored
     except Exception as exc:  # noqa: BLE001 - an agent that dies is an error, and still reports
         errors.append(f"agent died: {type(exc).__name__}: {str(exc)[:160]}")
     finally:

@@ -30,7 +30,6 @@ The cluster runs with ``fsync`` on, as a real server does.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -42,7 +41,7 @@ import psycopg
 
 from benchmarks.common import pct, pg_schema_url, ratio, summary_ms
 from benchmarks.corpus import Corpus
-from benchmarks.fleet import LOG_WORDS, SEARCH_EVERY, WINDOW, _turn
+from benchmarks.fleet import LOG_WORDS, SEARCH_EVERY, WINDOW, _turn, host_step
 from benchmarks.raw import RawPostgres
 from tests.support.pg_cluster import Cluster, cannot_run_a_cluster
 
@@ -123,7 +122,6 @@ def _lcm_loop(url: str, turns: int) -> Callable[[], tuple[list[float], list[floa
     from lcm.config import LcmConfig
     from lcm.context.session import ContextSession
     from lcm.store import Store
-    from lcm.tools import run_tool
 
     store = Store.open(url, upgrade=True)
     context = ContextSession(LcmConfig.from_env({}, summarizer="extractive", embeddings="off"), store,
@@ -133,18 +131,12 @@ def _lcm_loop(url: str, turns: int) -> Callable[[], tuple[list[float], list[floa
         rng = random.Random("server-cost")
         context.start("fleet", platform="bench")
         transcript: list[dict[str, Any]] = [{"role": "system", "content": "You are a build bot."}]
-        times, searches = [], []
+        times: list[float] = []
+        searches: list[float] = []
+        errors: list[str] = []
         for i in range(turns):
-            transcript = [*transcript, *_turn(rng, i)]
-            t0 = time.perf_counter()
-            transcript = context.turn(transcript)
-            times.append((time.perf_counter() - t0) * 1000)
-            if (i + 1) % SEARCH_EVERY == 0:
-                t0 = time.perf_counter()
-                found = json.loads(run_tool(context, "lcm_grep", {"query": f"retry {rng.choice(LOG_WORDS)}",
-                                                                   "session_scope": "all", "limit": 10}))
-                assert "error" not in found, found
-                searches.append((time.perf_counter() - t0) * 1000)
+            transcript, _ = host_step(context, transcript, rng, i, times, searches, errors)
+        assert not errors, errors[:3]
         if store.background is not None:
             store.background.wait_idle()  # the stems of the last turns: the server's work too
         return times, searches

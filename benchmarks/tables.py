@@ -293,13 +293,18 @@ def locomo_prompt(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def _skipped(what: str, result: dict[str, Any]) -> TableSpec:
+    """A phase that did not run on this backend or machine, and why."""
+    return TableSpec(f"{what}, {result['backend']}: skipped", ["why"], left=frozenset({"why"}),
+                     rows=[[result["skipped"]]])
+
+
 def server_cost(results: list[dict[str, Any]]) -> list[TableSpec]:
     """PostgreSQL: what the server spends per agent turn, per repeat, against the raw driver."""
     specs = []
     for r in results:
         if "skipped" in r:
-            specs.append(TableSpec(f"server cost per turn, {r['backend']}: skipped", ["why"], left=frozenset({"why"}),
-                                   rows=[[r["skipped"]]]))
+            specs.append(_skipped("server cost per turn", r))
             continue
         per_core = r["agents_per_core"]
         median = r["lcm_cpu_ms_per_turn"]["median"]
@@ -348,8 +353,7 @@ def pooler(results: list[dict[str, Any]]) -> list[TableSpec]:
     specs = []
     for r in results:
         if "skipped" in r:
-            specs.append(TableSpec(f"many connections, {r['backend']}: skipped", ["why"], left=frozenset({"why"}),
-                                   rows=[[r["skipped"]]]))
+            specs.append(_skipped("many connections", r))
             continue
         spec = TableSpec(
             f"many connections through PgBouncer (transaction mode, pool {r['pool_size']}): {r['agents']} agents in "

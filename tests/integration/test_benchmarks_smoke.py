@@ -63,6 +63,18 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert "locomo skipped: LCM_LOCOMO_DIR is not set" in done.stdout
     for r in results["startup"]:
         assert r["messages"] > 0 and r["first_turn_s"] > 0
+    for r in results["server_cost"] + results["pooler"]:  # PostgreSQL questions: SQLite says it skipped
+        assert (r["backend"] == "sqlite") == ("skipped" in r), r
+    for r in (r for r in results["server_cost"] if "skipped" not in r):  # the server's own counters moved
+        for p in r["passes"]:
+            assert p["lcm"]["cpu_ms_per_turn"] > 0
+            assert p["lcm"]["wal_bytes_per_turn"] > p["raw"]["wal_bytes_per_turn"] > 0
+            assert p["lcm"]["rows_per_turn"] >= 4 and p["lcm"]["statements_per_turn"] >= 1
+            assert p["ingest"]["lcm_turns_per_s"] > 0 and p["ingest"]["raw_turns_per_s"] > 0
+    for r in (r for r in results["pooler"] if "skipped" not in r):  # every agent connected; nothing lost
+        assert r["agents_reporting"] == r["agents"] and r["peak_client_connections"] >= r["agents"]
+        assert r["errors"] == 0 and r["lost"] == 0 and r["stored_twice"] == 0
+        assert r["messages_stored"] == r["messages_sent"] == 4 * r["agents"] * r["turns_per_agent"]
     for r in results["cache"]:  # lcm and Hermes' compressor on one transcript, with and without idle gaps
         assert [(row["window"], row["idle"]) for row in r["rows"]] == [(64_000, False), (64_000, True)]
         for row in r["rows"]:
