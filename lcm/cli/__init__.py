@@ -61,7 +61,8 @@ COMMANDS: dict[str, Lazy] = {
         "Install lcm as the Hermes agent's context engine, or remove it."),
     "import": Lazy("lcm.cli.importing", "import_command",
         "Import another store: hermes (Hermes' state.db: every session, message, tool call and "
-        "system prompt) or jsonl (what lcm export writes). Idempotent; the file is only read."),
+        "system prompt), hermes-lcm or lossless-claw (their lcm.db: every message and their summary "
+        "DAG), or jsonl (what lcm export writes). Idempotent; the file is only read."),
     "ingest": Lazy("lcm.cli.transfer", "ingest_command",
         "Store a transcript (OpenAI-format JSON or JSONL, or - for stdin), each message once."),
     "load": Lazy("lcm.cli.recall", "load_command",

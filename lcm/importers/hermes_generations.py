@@ -21,14 +21,15 @@ What hermes-agent 0.19.0 writes (``agent/context_compressor.py``, ``hermes_state
 
 So, once a conversation has been compacted, a row is:
 
-* a **summary** when it is one, or the summary part of a merged copy: Hermes' lossy note, kept
-  once (a rotation may write the compacted list twice) as the session's imported note, never as
-  a user or assistant message;
+* a **summary** when it is one, or the summary part of a merged copy (and the copy's own part
+  too when that was an earlier summary): Hermes' lossy note, kept once (a rotation may write
+  the compacted list twice) as the session's imported note, never as a user or assistant
+  message;
 * a **copy** when an earlier kept row has its role and exact timestamp (and the same tool call
-  ids; a tool result's text may differ), when it repeats the last kept message with only
-  copies and summaries in between (the turn in progress when the compaction ran, which a
-  rotation writes again with a new timestamp), or when it is a second result for a call that
-  already has one;
+  ids; a tool result's text may differ); when, after a summary or a copy, it repeats a message
+  of the turn still in progress (no final answer yet: the user's message, a call, a result),
+  which a compaction writes again with its own timestamp (or a rotation's); or when it is a
+  second result for a call that already has one;
 * otherwise a **message**, kept in row order.
 """
 
@@ -100,30 +101,41 @@ def sort_generations(rows: Sequence[Mapping[str, Any]], *, compacted: bool) -> V
     by_stamp: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     answered: set[Any] = set()
     noted: set[str] = set()
-    last_kept: Mapping[str, Any] | None = None
-    only_copies_since = False  # nothing but copies and summaries since the last kept message
+    turn: list[Mapping[str, Any]] = []  # kept messages since the last kept user message
+    turn_open = False  # that turn has no final answer yet: a compaction may write it again
+    compacted_since = False  # a summary or a copy since the last kept message
+
+    def note(index: int, text: str) -> None:
+        if text not in noted:  # Hermes' rotation can write the compacted list twice
+            out.summaries.append((index, text))
+            noted.add(text)
+
     for i, row in enumerate(rows):
         content = row.get("content")
         merged = split_merged(content)
-        summary = str(content) if is_summary(content) else merged[1] if merged is not None else None
-        if summary is not None:
-            if summary not in noted:  # Hermes' rotation can write the compacted list twice
-                out.summaries.append((i, summary))
-                noted.add(summary)
-            only_copies_since = True
-            if merged is None:
+        if is_summary(content):
+            note(i, str(content))
+            compacted_since = True
+            continue
+        if merged is not None:
+            note(i, merged[1])
+            compacted_since = True
+            if is_summary(merged[0]):  # the tail it was merged into was an earlier summary
+                note(i, merged[0])
                 continue
+            row = {**row, "content": merged[0]}
         stamp = (row.get("role"), row.get("timestamp"))
         earlier = by_stamp.get(stamp, []) if row.get("timestamp") is not None else []
         if any(_copy_of(o, row, merged is not None) for o in earlier):
             out.copies.append(i)
-            only_copies_since = True
+            compacted_since = True
             continue
-        if only_copies_since and last_kept is not None and _same_message(last_kept, row):
-            # The turn in progress when the compaction ran, written again after it (with a
-            # new timestamp when Hermes rotated to a child session); later copies carry that stamp.
+        again = next((k for k in turn if _same_message(k, row)), None) if compacted_since and turn_open else None
+        if again is not None:
+            # The turn in progress when the compaction ran, written again after it with the
+            # compaction's timestamp (or a rotation's); later copies carry that stamp.
             out.copies.append(i)
-            by_stamp.setdefault(stamp, []).append(last_kept)
+            by_stamp.setdefault(stamp, []).append(again)
             continue
         call_id = row.get("tool_call_id")
         if row.get("role") == "tool" and call_id is not None and call_id in answered:
@@ -134,7 +146,9 @@ def sort_generations(rows: Sequence[Mapping[str, Any]], *, compacted: bool) -> V
             # own text is the message; the summary part is a note (above).
             out.own_text[i] = merged[0]
         out.kept.append(i)
-        last_kept, only_copies_since = row, False
+        turn = [row] if row.get("role") == "user" else [*turn, row]
+        turn_open = not (row.get("role") == "assistant" and not _call_ids(row))
+        compacted_since = False
         by_stamp.setdefault(stamp, []).append(row)
         if row.get("role") == "tool" and call_id is not None:
             answered.add(call_id)

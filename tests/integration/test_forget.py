@@ -88,6 +88,8 @@ def raw_traces(store: Store) -> dict[str, int]:
 def test_forgetting_a_secret_erases_it_everywhere_and_rebuilds_the_dag(db_url, lcm, llm):
     engine = build(db_url, llm)
     store = engine.store
+    if store.background is not None:  # PostgreSQL stems stored messages on a thread: let it finish first
+        store.background.wait_idle()
     before = raw_traces(store)
     assert before["messages"] >= 2 and before["summaries"] >= 1  # in the messages and a summary of them
     s1 = store.sessions.find(engine.agent_id, "s1")

@@ -3,10 +3,10 @@ long conversation: the real host (``hermes chat -q ... --resume``, one process p
 installed) against a scripted model on 127.0.0.1, which logs what was exchanged so a test knows
 the exact conversation the file must give back.
 
-Each turn pastes ~6,000 tokens of log; every fourth turn asks for a command, which the model runs
+Each turn pastes ~9,500 tokens of log; every fourth turn asks for a command, which the model runs
 through Hermes' ``terminal`` tool (``echo``) before answering. With Hermes' 64k window (its
-compression threshold is floored at 75%), the compressor fires every ~8 turns: 18 turns compact
-at least twice. ``in_place=True`` is Hermes' in-place compaction (``archive_and_compact``: old
+compression threshold is floored at 75%, 48k tokens), the compressor first fires after ~5 turns
+and again ~4 turns later: 11 turns compact at least twice. ``in_place=True`` is Hermes' in-place compaction (``archive_and_compact``: old
 rows flagged ``active = 0, compacted = 1`` and copies re-inserted), ``False`` its default
 rotation (the session ends with ``end_reason = 'compression'`` and a child continues it).
 Finally the last turn is taken back with Hermes' own ``SessionDB.rewind_to_message`` (what
@@ -25,12 +25,12 @@ from tests.support.hermes_host import HermesHome
 from tests.support.hermes_model import prompt_tokens
 from tests.support.llm_server import Reply, ScriptedLLM, completion, tool_call
 
-TURNS = 18
+TURNS = 11
 SUMMARY_TEXT = "compressor summary {n}: the user pasted build logs {first}..{last} and the agent noted each."
 
 
 def prompt(turn: int) -> str:
-    words = " ".join(f"l{turn}-{j} build step passed in {j % 97} ms" for j in range(700))
+    words = " ".join(f"l{turn}-{j} build step passed in {j % 97} ms" for j in range(1_000))
     command = f" RUN: zqword{turn}" if turn % 4 == 1 else ""
     return f"Turn {turn}: zqturn{turn}{command}\n{words}"
 

@@ -67,3 +67,21 @@ def test_the_turn_in_progress_written_again_after_a_rotation_is_a_copy_and_so_ar
             a("answer", 10)]
     verdicts = sort_generations(rows, compacted=True)
     assert verdicts.kept == [0, 1, 2, 9] and len(verdicts.summaries) == 1
+
+
+def test_a_turn_in_progress_written_again_with_the_compaction_s_own_stamp_is_a_copy():
+    """hermes-agent 0.19 compacting mid-turn: the user's message, the call and its result are
+    written again with the compaction's timestamp, after a summary merged into an earlier summary."""
+    rows = [u("t5", 31), a(None, 32, ("c5",)), t("c5", "out", 33),
+            merged(f"{SUMMARY_PREFIXES[0]} S1", "S2", 34),  # the tail copy was the previous summary
+            u("t5", 34), a(None, 34, ("c5",)), t("c5", "out", 34),  # the turn again, stamped 34
+            a("done", 35), u("t6", 36),
+            u("t5", 34)]  # a later copy of the re-stamped copy
+    verdicts = sort_generations(rows, compacted=True)
+    assert verdicts.kept == [0, 1, 2, 7, 8]
+    assert [text for _, text in verdicts.summaries] == [f"{SUMMARY_PREFIXES[0]} S2", f"{SUMMARY_PREFIXES[0]} S1"]
+
+
+def test_a_finished_turn_said_again_after_a_compaction_is_a_new_message():
+    rows = [u("continue", 1), a("ok", 2), a(f"{SUMMARY_PREFIXES[0]} S", 3), u("continue", 4), a("ok again", 5)]
+    assert sort_generations(rows, compacted=True).kept == [0, 1, 3, 4]
