@@ -6,9 +6,10 @@ the exact conversation the file must give back.
 Each turn pastes ~9,500 tokens of log; every fourth turn asks for a command, which the model runs
 through Hermes' ``terminal`` tool (``echo``) before answering. With Hermes' 64k window (its
 compression threshold is floored at 75%, 48k tokens), the compressor first fires after ~5 turns
-and again ~4 turns later: 11 turns compact at least twice. ``in_place=True`` is Hermes' in-place compaction (``archive_and_compact``: old
-rows flagged ``active = 0, compacted = 1`` and copies re-inserted), ``False`` its default
-rotation (the session ends with ``end_reason = 'compression'`` and a child continues it).
+and again ~4 turns later: 11 turns compact at least twice (six times, some in the middle of a
+turn). ``in_place=True`` is Hermes' in-place compaction (``archive_and_compact``: old rows
+flagged ``active = 0, compacted = 1`` and copies re-inserted), ``False`` its default rotation
+(the session ends with ``end_reason = 'compression'`` and a child continues it).
 Finally the last turn is taken back with Hermes' own ``SessionDB.rewind_to_message`` (what
 ``/undo`` does), so the file also holds rewound rows.
 """
