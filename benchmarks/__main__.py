@@ -55,8 +55,8 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "cli": [{"runs": 3}],
         "locomo": [{"conversations": 1, "semantic": False}],
         "locomo_prompt": [{"conversations": 1, "semantic": False}],
-        "server_cost": [{"turns": 20, "repeats": 2}],
-        "pooler": [{"agents": 20, "processes": 2, "turns": 3, "pool_size": 2, "think_s": 0.1}],
+        "server_cost": [{"turns": 20, "repeats": 1}],
+        "pooler": [{"agents": 12, "processes": 2, "turns": 3, "pool_size": 2, "think_s": 0.1}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],

@@ -91,7 +91,9 @@ class ServerMeter:
                                      autocommit=True)
 
     def snapshot(self) -> dict[str, Any]:
-        time.sleep(1.2)  # backends report their row counts at most once a second
+        # The pass's backends have exited (their connections are closed before the last reading)
+        # and reported their row counts on the way out; a moment for the postmaster to reap them.
+        time.sleep(0.3)
         lsn, rows, commits = self.admin.execute(
             "SELECT pg_current_wal_lsn()::text, sum(tup_inserted + tup_updated + tup_deleted), sum(xact_commit) "
             "FROM pg_stat_database").fetchone()
