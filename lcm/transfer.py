@@ -243,6 +243,13 @@ class SessionPlan:
     #: made aliases of the session, so a host resuming one of them finds it.
     aliases: list[str] = field(default_factory=list)
 
+    def add_system_prompt(self, content: Any, *, where: int, timestamp: float | None) -> None:
+        """A version of the session's system prompt from another program's store, preceding the
+        next message to be added."""
+        self.system_prompts.append((Entry(where=where, message={"role": "system", "content": content},
+                                          session_key=self.session_key, timestamp=timestamp, system_prompt=True),
+                                    len(self.entries) + 1))
+
 
 def plan_sessions(transcript: Transcript, *, session_key: str | None = None) -> list[SessionPlan]:
     """Group the entries by session (``session_key`` puts them all into one), in file order."""

@@ -75,14 +75,12 @@ def import_plans(context: ContextSession, plans: Sequence[SessionPlan], *, compa
                                     redact=context.redactor.message if context.redactor is not None else None)
             if progress is not None and report.added == 0:
                 progress.advance(task, len(turns(plan.entries)))
-            if plan.aliases:
-                session = context.store.sessions.find(context.agent_id, plan.session_key)
-                if session is not None:
-                    for alias in plan.aliases:
-                        context.store.sessions.alias(context.agent_id, alias, session.id)
-            if plan.summaries:
-                session = context.store.sessions.find(context.agent_id, plan.session_key)
-                if session is not None:
+            session = (context.store.sessions.find(context.agent_id, plan.session_key)
+                       if plan.aliases or plan.summaries else None)
+            if session is not None:
+                for alias in plan.aliases:
+                    context.store.sessions.alias(context.agent_id, alias, session.id)
+                if plan.summaries:
                     placed = write_dag(context.store, session, plan_dag([e.message for e in plan.entries],
                                                                         plan.summaries),
                                        context.tokens, fmt=(plan.origin or {}).get("format", "import"))

@@ -130,8 +130,7 @@ def plan_dag(messages: Sequence[Mapping[str, Any]], summaries: Sequence[Imported
         plan.nodes.append(PlacedNode(leaf, start=start, end=end, moved_from=moved))
         start = end
     placed = {n.summary.peer_id: n for n in plan.nodes}
-    uncondensed_order = {d: [n.summary.peer_id for n in plan.nodes if n.summary.depth == d]
-                         for d in (0,)}
+    uncondensed_order = {0: [n.summary.peer_id for n in plan.nodes]}  # the leaves, in order
     condensed_parent: dict[str, str] = {}
     for node in sorted((s for s in summaries if s.depth > 0), key=lambda s: (s.depth, s.order)):
         children = [str(c) for c in node.sources]

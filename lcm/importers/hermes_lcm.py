@@ -88,10 +88,7 @@ def _plan(source: Path, key: str, rows: list[sqlite3.Row], nodes: list[sqlite3.R
     for row in rows:
         message = _message(row)
         if row["role"] == "system":
-            plan.system_prompts.append((Entry(where=row["store_id"], message={"role": "system",
-                                                                              "content": row["content"] or ""},
-                                              session_key=key, timestamp=row["timestamp"], system_prompt=True),
-                                        len(plan.entries) + 1))
+            plan.add_system_prompt(row["content"] or "", where=row["store_id"], timestamp=row["timestamp"])
             continue
         index_of[row["store_id"]] = len(plan.entries)
         plan.entries.append(Entry(where=row["store_id"], message=message, session_key=key, platform=platform,

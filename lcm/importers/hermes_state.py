@@ -161,9 +161,7 @@ def _conversation(conn: sqlite3.Connection, source: Path, chain: list[sqlite3.Ro
     for position, s in enumerate(chain):
         prompt = _col(s, session_cols, "system_prompt")
         if prompt:
-            plan.system_prompts.append((Entry(where=0, message={"role": "system", "content": prompt},
-                                              session_key=first["id"], timestamp=s["started_at"],
-                                              system_prompt=True), len(plan.entries) + 1))
+            plan.add_system_prompt(prompt, where=0, timestamp=s["started_at"])
         end = starts[position + 1] if position + 1 < len(chain) else len(rows)
         while next_kept is not None and next_kept < end:
             message = messages[next_kept]

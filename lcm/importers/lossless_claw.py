@@ -126,10 +126,7 @@ def _plan(conn: sqlite3.Connection, source: Path, conv: sqlite3.Row, key: str) -
     for row in rows:
         message, error = _message(row, parts_of[row["message_id"]])
         if row["role"] == "system":
-            plan.system_prompts.append((Entry(where=row["message_id"], message={"role": "system",
-                                                                                "content": row["content"]},
-                                              session_key=key, timestamp=utc_seconds(row["created_at"]),
-                                              system_prompt=True), len(plan.entries) + 1))
+            plan.add_system_prompt(row["content"], where=row["message_id"], timestamp=utc_seconds(row["created_at"]))
             continue
         if error:
             errors.append(message["tool_call_id"])

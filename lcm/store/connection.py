@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
@@ -71,16 +73,19 @@ def display_url(url: URL) -> str:
 
 def get_engine(url: URL) -> Engine:
     """The shared engine for ``url``, created and configured on first use."""
-    key = url.render_as_string(hide_password=False)
+    return _shared(url.render_as_string(hide_password=False), lambda: _create(url))
+
+
+def _shared(key: str, create: Callable[[], Engine]) -> Engine:
+    """The engine registered under ``key``, created on first use."""
     with _lock:
         engine = _registry.get(key)
         if engine is None:
-            engine = _create(url)
-            _registry[key] = engine
+            engine = _registry[key] = create()
         return engine
 
 
-def _create(url: URL, *, pooled: bool = True) -> Engine:
+def _create(url: URL, *, pooled: bool = True, **extra: Any) -> Engine:
     backend = backend_for_url(url)
     backend.prepare_location(url)
     options = backend.engine_options(url)
@@ -88,7 +93,7 @@ def _create(url: URL, *, pooled: bool = True) -> Engine:
         options.update(backend.pool_options)
     else:
         options["poolclass"] = NullPool
-    engine = create_engine(url, **options)
+    engine = create_engine(url, **options, **extra)
     backend.configure_engine(engine)
     return engine
 
@@ -101,17 +106,9 @@ def replica_engine(url: URL) -> Engine:
     """The shared engine for a read replica: pinged on every checkout (a replica that went away
     must cost a fallback, not a failed read) and quick to give up connecting."""
     key = "replica:" + url.render_as_string(hide_password=False)
-    with _lock:
-        engine = _registry.get(key)
-        if engine is None:
-            if "connect_timeout" not in url.query:
-                url = url.update_query_dict({"connect_timeout": str(REPLICA_CONNECT_TIMEOUT_S)})
-            backend = backend_for_url(url)
-            options = {**backend.engine_options(url), **backend.pool_options, "pool_pre_ping": True}
-            engine = create_engine(url, **options)
-            backend.configure_engine(engine)
-            _registry[key] = engine
-        return engine
+    if "connect_timeout" not in url.query:
+        url = url.update_query_dict({"connect_timeout": str(REPLICA_CONNECT_TIMEOUT_S)})
+    return _shared(key, lambda: _create(url, pool_pre_ping=True))
 
 
 def standalone_engine(url: URL) -> Engine:

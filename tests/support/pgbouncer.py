@@ -22,6 +22,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from tests.support.pg_cluster import free_port
+
 
 def pgbouncer_binary() -> str | None:
     return shutil.which("pgbouncer") or next(
@@ -37,12 +39,6 @@ def why_not_available() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Bouncer:
     """PgBouncer on 127.0.0.1:<port>, database ``lcm`` mapped to a fresh server database."""
 
@@ -50,7 +46,7 @@ class Bouncer:
         self.server = make_url(server_url)
         self.dbname = "lcm_pgb_" + uuid.uuid4().hex[:10]
         self.root = Path(tempfile.mkdtemp(prefix="lcm-pgbouncer-"))
-        self.port = _free_port()
+        self.port = free_port()
         self._admin("CREATE DATABASE " + self.dbname)
         user = self.server.username or "postgres"
         (self.root / "users.txt").write_text(f'"{user}" ""\n')
