@@ -44,6 +44,10 @@ SAMPLE_ROWS = 200
 REBUILD_BATCH = 2000
 #: Messages stemmed per statement by a catch-up (``PostgresBackend.catch_up_index``).
 STEM_BATCH = 2000
+#: Key of the transaction-level advisory lock one catch-up holds while it stems: two catch-ups
+#: (every agent process runs one in the background) would otherwise insert overlapping message
+#: ids in different orders and deadlock on the stems' unique index.
+STEM_LOCK_KEY = 0x6C636D_5354  # "lcm" "ST"
 #: A message's stemmed vector (revision 0012): the ``english`` configuration over its body,
 #: plus the same scope lexemes as its exact vector; ``m`` is the message row.
 STEMS_OF_MESSAGE = (
@@ -309,8 +313,12 @@ class PostgresBackend(Backend):
         messages, then raise the watermarks. A session's messages up to its ``last_seq`` are
         all committed (appends claim seqs on the session row), so the watermark is exact; the
         watermarks move in one statement at the end, so a session row is locked only for the
-        last moment of the transaction, never while the server stems. Runs alongside another
-        catch-up safely: a message stemmed twice keeps its first row (``ON CONFLICT``)."""
+        last moment of the transaction, never while the server stems. One catch-up at a time
+        stems (an advisory lock taken first; the next one waits, then finds only what is left):
+        two at once inserted overlapping ids in different orders and deadlocked, which a store
+        with two writers met within minutes of bulk loading. A message stemmed twice anyway
+        (a ``_restem``) keeps its first row (``ON CONFLICT``)."""
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": STEM_LOCK_KEY})
         pending = conn.execute(text(
             "SELECT id, stemmed_seq, last_seq FROM lcm_sessions WHERE last_seq > stemmed_seq "
             "ORDER BY id")).all()
@@ -370,8 +378,8 @@ class PostgresBackend(Backend):
 
     # -- integrity -----------------------------------------------------------------------
 
-    def check_database(self, conn: Connection) -> list[CheckResult]:
-        out = []
+    def check_database(self, conn: Connection, *, whole: bool = True) -> list[CheckResult]:
+        out = []  # catalog reads only: the same at any size
         version = conn.exec_driver_sql("SHOW server_version").scalar()
         out.append(CheckResult("postgres_server", "ok", f"PostgreSQL {version}, reachable"))
         bad = conn.execute(text(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 
 from lcm.errors import NotFoundError
 from lcm.store.search import MAX_SEARCH_LIMIT
@@ -362,6 +363,40 @@ def test_postgres_stems_in_the_background_and_keeps_the_watermark_exact(pg_url):
     assert [h.snippet for h in hits] == ["the **tardy** walruses"] and hits[0].match == "any"
     checks = {c.name: c for c in store.health.checks(deep=True)}
     assert checks["search_index_messages"].status == "ok", checks["search_index_messages"]
+
+
+def test_postgres_catch_ups_take_turns_instead_of_deadlocking(pg_url):
+    """Every agent process stems in the background; two catch-ups at once inserted overlapping
+    message ids in different orders and deadlocked (met with two bulk loaders in a minute). One
+    catch-up stems at a time: a second waits for the first's transaction, then finds only what
+    is left, and both succeed."""
+    import threading
+
+    from lcm.backends.postgres import STEM_LOCK_KEY
+    from lcm.store import Store
+
+    store = Store.open(pg_url, upgrade=True)
+    store.background._batch, store.background._idle_s = 10**9, 3600  # only the catch-ups below stem
+    sessions = [store.sessions.get_or_create("agent", f"s{n}") for n in range(4)]
+    for turn in range(3):  # interleaved: each session's ids are spread between the others'
+        for n, s in enumerate(sessions):
+            append_messages(store, s.id, [{"role": "user", "content": f"otter {n} {turn} {i}"} for i in range(50)])
+    holder = store.engine.connect()
+    holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": STEM_LOCK_KEY})  # a catch-up in progress
+    done: list[int] = []
+    threads = [threading.Thread(target=lambda: done.append(store.search.catch_up())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    threads[0].join(1.0)
+    assert not done, "a catch-up stemmed while another held the lock"
+    holder.rollback()
+    holder.close()
+    for t in threads:
+        t.join(30)
+    assert done == [0, 0]
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM lcm_message_stems").scalar_one() == 600
+        assert store.backend.pending_index(conn) == 0
 
 
 def test_a_full_batch_is_indexed_by_the_write_that_fills_it(sqlite_url):
