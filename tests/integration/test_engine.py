@@ -116,3 +116,38 @@ def test_a_session_that_opens_with_a_huge_tool_result_still_compacts_later(make_
     session = engine.store.sessions.find(engine.agent_id, "s1")
     assert session.covered_seq > 4 and session.summary_count > 0  # the huge turn and more are summarized
     assert len(json.dumps(transcript)) // 4 < 3000  # and the host's context fits its window again
+
+
+def test_a_resumed_host_holding_less_than_lcm_is_not_assembled_again_every_turn(make_engine):
+    """A host resumed with its last few messages while lcm holds many more raw ones, under a
+    window they all fit: lcm's context would not be smaller, the host keeps its own, and its
+    next turns extend what it kept. Each of those turns once read the whole raw region again
+    (160 ms at 2,500 messages, minutes at 900,000); now only the first does."""
+    engine = make_engine(context_length=1_000_000, fresh_tail_count=64)
+    engine.on_session_start("resumed", platform="cli")
+    history = [{"role": "system", "content": SYSTEM}]
+    for i in range(100):
+        history += [{"role": "user", "content": f"question {i} about the harbour"},
+                    {"role": "assistant", "content": f"answer {i}: the tide is high"}]
+    engine.on_turn_complete(history)
+    session = engine.store.sessions.find(engine.agent_id, "resumed")
+    assert session.message_count == 200 and session.covered_seq == 0
+    resumed = make_engine(context_length=1_000_000, fresh_tail_count=64)
+    resumed.on_session_start("resumed", platform="cli")
+    reads: list[tuple[int | None, int | None]] = []
+    real = resumed.store.messages.get_range
+
+    def counting(session_pk, **kw):
+        reads.append((kw.get("first_seq"), kw.get("last_seq")))
+        return real(session_pk, **kw)
+
+    resumed.store.messages.get_range = counting  # type: ignore[method-assign]
+    transcript = [history[0], *history[-10:]]
+    for turn in range(5):
+        transcript = transcript + [{"role": "user", "content": f"new question {turn}"},
+                                   {"role": "assistant", "content": f"new answer {turn}"}]
+        resumed.on_turn_complete(transcript)
+        assert resumed.compress(transcript, current_tokens=2_000) is transcript
+    whole_region = [r for r in reads if r[0] in (None, 1)]
+    assert len(whole_region) <= 1, reads
+    assert resumed.store.sessions.get(session.id).message_count == 210
