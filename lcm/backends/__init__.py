@@ -210,8 +210,9 @@ class Backend(ABC):
         messages in batches, revision 0010)."""
 
     @abstractmethod
-    def check_database(self, conn: Connection) -> list[CheckResult]:
-        """Low-level integrity of the database itself."""
+    def check_database(self, conn: Connection, *, whole: bool = True) -> list[CheckResult]:
+        """Low-level integrity of the database itself. ``whole`` False: a bounded doctor run
+        (a big store), which leaves out checks that read the whole database."""
 
     @abstractmethod
     def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:

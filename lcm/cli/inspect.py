@@ -62,12 +62,16 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
 @url_option
 @agent_option
 @json_option
-@click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores).")
+@click.option("--deep", is_flag=True, help="Verify every row of the search index (slow on big stores; implies --all).")
+@click.option("--all", "everything", is_flag=True,
+              help="Check every session: a store of over 500,000 messages is otherwise checked by its most "
+                   "recently active sessions (up to 500,000 messages), so the doctor stays quick at any size.")
 @click.option("--repair", is_flag=True,
               help="Back the store up (SQLite), remove messages two writers stored twice (while not "
                    "yet summarized), rebuild the search index from the rows, check again.")
-def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repair: bool) -> None:
-    """Check database integrity, schema, search index, the summary DAG and the settings."""
+def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, everything: bool, repair: bool) -> None:
+    """Check database integrity, schema, search index, the summary DAG and the settings (of the
+    most recently active sessions in a store of over 500,000 messages, unless --all)."""
     store = open_store(url)
     context = context_on(store, agent)
     repaired = None
@@ -84,7 +88,7 @@ def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, repai
                 say(f"session {d['session']}: removed {d['removed']} duplicated messages "
                     f"(runs {d['runs']})" + (f"; left alone: {'; '.join(d['left_alone'])}"
                                              if d["left_alone"] else ""))
-    report = health_report(context, store.health.checks(deep=deep or repair))
+    report = health_report(context, store.health.checks(deep=deep or repair, everything=everything))
     overall, checks = report["overall"], report["checks"]
     if as_json:
         payload: dict[str, Any] = {**report}

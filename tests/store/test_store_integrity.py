@@ -163,3 +163,48 @@ def test_repair_leaves_a_summarized_copy_alone(store, session):
     [done] = store.health.remove_duplicate_runs()
     assert done["removed"] == 0 and "already summarized" in done["left_alone"][0]
     assert len(store.messages.get_range(session.id)) == 12
+
+
+def _three_sessions(store: Store) -> list[int]:
+    """Three sessions of 40 messages, written oldest first (so the last is the most recent)."""
+    pks = []
+    for n in range(3):
+        session = store.sessions.get_or_create("agent-a", f"bounded-{n}", platform="cli")
+        append_messages(store, session.id, [{"role": "user" if i % 2 == 0 else "assistant",
+                                             "content": f"session {n} row {i}"} for i in range(40)])
+        pks.append(session.id)
+    return pks
+
+
+def test_a_big_store_is_checked_by_its_most_recent_sessions_and_all_reads_every_one(store):
+    """Over the bound, the doctor reads the most recently active sessions up to it (so it stays
+    quick at ten million messages) and says so; ``everything`` reads every session. A fault in
+    an old session is found by the whole check, not by the bounded one."""
+    old, middle, recent = _three_sessions(store)
+    with store.engine.begin() as conn:  # an old session's counter drifts
+        conn.execute(text("UPDATE lcm_sessions SET message_count = 39 WHERE id = :id"), {"id": old})
+    scope = store.health.scope(bound=90)
+    assert scope.sessions == (recent, middle) and scope.messages == 80
+    assert (scope.total_sessions, scope.total_messages) == (3, 119)
+    bounded = {c.name: c for c in store.health.checks(bound=90)}
+    assert bounded["session_counters"].status == "ok"
+    assert "the 2 most recently active sessions (80 of 119 messages" in bounded["check_scope"].detail
+    assert "lcm doctor --all" in bounded["check_scope"].detail
+    whole = {c.name: c for c in store.health.checks(bound=90, everything=True)}
+    assert whole["session_counters"].status == "fail" and f"[{old}]" in whole["session_counters"].detail
+    assert whole["check_scope"].detail.startswith("every session checked (3 sessions")
+    assert {c.name: c.status for c in store.health.checks(bound=90, deep=True)}["session_counters"] == "fail"
+    if store.backend_name == "sqlite":  # the whole-file checks run only on a whole check
+        assert "sqlite_quick_check" not in bounded and whole["sqlite_quick_check"].status == "ok"
+    # At least one session is checked, however big: a bound below the newest session's size.
+    assert store.health.scope(bound=10).sessions == (recent,)
+    # Under the bound nothing changes: every session.
+    assert store.health.scope(bound=1_000).whole
+
+
+def test_a_bounded_check_still_finds_faults_in_the_sessions_it_reads(store):
+    _, _, recent = _three_sessions(store)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE lcm_sessions SET token_count = token_count + 1 WHERE id = :id"), {"id": recent})
+    assert {c.name: c.status for c in store.health.checks(bound=50)}["session_counters"] == "fail"
+    assert store.health.stats()["messages"] == 120  # from the sessions' counters, not a count of rows
