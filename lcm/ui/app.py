@@ -43,6 +43,7 @@ HERE = Path(__file__).parent
 PAGE_DEFAULT = 50
 PAGE_MAX = 200
 SESSIONS_PER_AGENT = 200
+AGENTS_PER_PAGE = 25
 DAG_NODES_PER_DEPTH = 120
 PREVIEW_CHARS = 2_000
 SOURCES_PER_PAGE = 50
@@ -145,8 +146,13 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
 
 
 def agents_view(ex: Explorer, request: Request) -> dict[str, Any]:
+    """The agents, ``AGENTS_PER_PAGE`` at a time (oldest first), each with its sessions: a page
+    reads its agents' sessions, never the whole store (a fleet's store holds thousands)."""
+    names = ex.store.sessions.agents()
+    pages = max(1, -(-len(names) // AGENTS_PER_PAGE))
+    page = _int(request, "page", 0, high=pages - 1) or 0
     agents = []
-    for name in ex.store.sessions.agents():
+    for name in names[page * AGENTS_PER_PAGE:(page + 1) * AGENTS_PER_PAGE]:
         listed = list(ex.store.sessions.each(name))
         # Last activity: the session's last message's own time (an imported session's is when it
         # was said, not when it was imported); a session without messages, its row's time.
@@ -164,7 +170,8 @@ def agents_view(ex: Explorer, request: Request) -> dict[str, Any]:
             } for s in sessions[:SESSIONS_PER_AGENT]],
             "sessions_clamped_from": len(sessions) if len(sessions) > SESSIONS_PER_AGENT else None,
         })
-    return {"title": "lcm: agents and sessions", "database": ex.store.location, "agents": agents}
+    return {"title": "lcm: agents and sessions", "database": ex.store.location, "agents": agents,
+            "agent_count": len(names), "page": page, "pages": pages, "per_page": AGENTS_PER_PAGE}
 
 
 def _message_item(record: Any, *, preview: int | None = PREVIEW_CHARS) -> dict[str, Any]:
@@ -329,8 +336,9 @@ def status_view(ex: Explorer, request: Request) -> dict[str, Any]:
 
 
 def doctor_view(ex: Explorer, request: Request) -> dict[str, Any]:
-    """``lcm_doctor``: its checks read the whole store (about 0.3-0.6 s per 100k messages,
-    docs/benchmarks.md), so they run only on this page, when asked for."""
+    """``lcm_doctor``: its checks cost about 0.3-0.6 s per 100k messages they read
+    (docs/benchmarks.md), so they run only on this page, when asked for, and a big store is
+    checked by its most recently active sessions (``lcm doctor --all`` reads every one)."""
     agents = ex.store.sessions.agents()
     agent = request.query_params.get("agent") or (agents[0] if agents else "default")
     return {"title": "lcm: health", "agent": agent, "agents": agents, "doctor": ex.tool(agent, "lcm_doctor")}

@@ -20,6 +20,7 @@ from lcm.engine import LcmEngine
 from lcm.store import Store
 from tests.conftest import SMALL_ENGINE
 from tests.support.conversation import run_host
+from tests.support.storing import append_messages
 from tests.support.ui_server import serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +108,27 @@ def test_nothing_writes_and_content_is_escaped(explorer):
     after = store.health.stats()
     assert {k: before[k] for k in ("messages", "summaries", "sessions")} == \
         {k: after[k] for k in ("messages", "summaries", "sessions")}
+
+
+def test_the_agents_page_shows_a_fleet_a_page_at_a_time(db_url):
+    """A fleet's store holds thousands of agents: the front page reads 25 of them (and their
+    sessions) at a time, with links to the others, never the whole store."""
+    store = Store.open(db_url, upgrade=True)
+    for n in range(30):
+        session = store.sessions.get_or_create(f"fleet-{n:02d}", "s1", platform="cli")
+        append_messages(store, session.id, [{"role": "user", "content": f"hello from agent {n}"}])
+    with serving(store) as base:
+        first = httpx.get(base + "/?format=json").json()
+        assert [a["agent"] for a in first["agents"]] == [f"fleet-{n:02d}" for n in range(25)]
+        assert (first["agent_count"], first["page"], first["pages"]) == (30, 0, 2)
+        second = httpx.get(base + "/?page=1&format=json").json()
+        assert [a["agent"] for a in second["agents"]] == [f"fleet-{n:02d}" for n in range(25, 30)]
+        assert second["agents"][0]["messages"] == 1
+        html = httpx.get(base + "/?page=1").text
+        assert "agents 26-30 of 30" in html and 'href="?page=0"' in html and 'id="next"' not in html
+        assert 'id="next" href="?page=1"' in httpx.get(base + "/").text
+        beyond = httpx.get(base + "/?page=2&format=json")
+        assert beyond.status_code == 400 and "page" in beyond.json()["error"]
 
 
 def test_a_token_is_required_when_one_is_set(sqlite_url):
