@@ -12,13 +12,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, func, select, tuple_
+from sqlalchemy import Connection, Table, func, select
 
 from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
-from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
+from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, pairs_match, sessions_t, summaries_t
 from lcm.store.messages import message_select, records
 from lcm.store.replica import lag_tolerant
 from lcm.store.vectors import Kind, VectorRepository
@@ -114,7 +114,7 @@ class SearchRepository:
             wanted = {(r.session_id, r.seq + step) for r in placed for step in (-1, 1) if r.seq + step >= 1}
             around = fetch_in(conn, wanted, lambda chunk: select(
                 messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
-                tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
+                pairs_match(messages_t.c.session_id, messages_t.c.seq, chunk)))
             at = {(r.session_id, r.seq): r.id for r in around}
             # Exact-word snippets: a neighbour is returned for where it is, not for its words.
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Select, and_, select, tuple_, update
+from sqlalchemy import Select, and_, select, update
 
 from lcm import codec
 from lcm.errors import NotFoundError
@@ -28,6 +28,7 @@ from lcm.store._core import (
     checked_text,
     fetch_in,
     messages_t,
+    pairs_match,
     session_record,
     session_select,
     sessions_t,
@@ -176,7 +177,7 @@ class SessionRepository:
                 sessions_t.c.id.in_(chunk), sessions_t.c.last_seq > 0))
             rows = fetch_in(conn, [(r.id, r.last_seq) for r in lasts], lambda chunk: select(
                 messages_t.c.session_id, messages_t.c.ts).where(
-                tuple_(messages_t.c.session_id, messages_t.c.seq).in_(chunk)))
+                pairs_match(messages_t.c.session_id, messages_t.c.seq, chunk)))
         return {int(r.session_id): float(r.ts) for r in rows}
 
     @lag_tolerant
