@@ -1,7 +1,8 @@
 """``python -m benchmarks``: every benchmark, both backends, one run, printed as tables.
 
     python -m benchmarks                  # default sizes (about 15 minutes on 2 cores)
-    python -m benchmarks --large          # adds search and lcm ui at 1M messages, start-up on a 1 GB store
+    python -m benchmarks --large          # adds search and lcm ui at 1M messages, start-up on a 1 GB store,
+                                          # and the 10M-message store (scale)
     python -m benchmarks --large-only     # only those (skips the default sizes)
     python -m benchmarks --smoke          # tiny sizes: a check that nothing rotted (CI runs it)
     python -m benchmarks --only cache     # prompt-cache cost against Hermes' compressor (Hermes venv)
@@ -13,6 +14,7 @@
     python -m benchmarks --only locomo_prompt  # evidence in the prompt, with and without auto-recall
     python -m benchmarks --only server_cost --backend postgresql  # what the server spends per turn
     python -m benchmarks --only pooler --backend postgresql       # 500 agent connections through PgBouncer
+    python -m benchmarks --large-only --only scale   # 10M messages: search, turns, start-up, doctor, forget
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -57,6 +59,8 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "locomo_prompt": [{"conversations": 1, "semantic": False}],
         "server_cost": [{"turns": 20, "repeats": 1}],
         "pooler": [{"agents": 12, "processes": 2, "turns": 3, "pool_size": 2, "think_s": 0.1}],
+        "scale": [{"agents": 6, "per_agent": 400, "big": 2_000, "templates": 3, "runs": 3, "recall_sample": 5,
+                   "startups": 1}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -74,6 +78,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "locomo_prompt": [{}],
         "server_cost": [{"turns": 300, "repeats": 5}],
         "pooler": [{"agents": 500, "processes": 10, "turns": 6, "pool_size": 10, "think_s": 10.0}],
+        "scale": [],  # ten million messages: --large only
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in
@@ -81,7 +86,10 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
 HERMES_PHASES = frozenset({"cache"})
 LARGE_EXTRA = {"search": [{"messages": 1_000_000, "sessions": 200, "runs": 40}],
                "startup": [{"target_mb": 1_024}],
-               "ui": [{"messages": 1_000_000, "sessions": 200}]}
+               "ui": [{"messages": 1_000_000, "sessions": 200}],
+               # 1,000 agents x 10k messages and one agent with 1M: 40 agents and the big one
+               # through lcm, the rest copied in SQL (benchmarks/scale.py); about 1.5 h per backend.
+               "scale": [{"agents": 1_000, "per_agent": 10_000, "big": 1_000_000, "templates": 40}]}
 
 
 def worker_python(phase: str) -> str:
@@ -148,6 +156,8 @@ def main() -> None:
         if phase.startswith("locomo") and not os.environ.get("LCM_LOCOMO_DIR"):
             console.print(f"[yellow]{phase} skipped: LCM_LOCOMO_DIR is not set (the folder of LoCoMo <id>.json "
                           "files; .ci/run sets it when the data is beside the checkout)[/]")
+            continue
+        if not plan[phase]:
             continue
         for params in plan[phase]:
             for backend in backends:

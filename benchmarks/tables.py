@@ -371,10 +371,84 @@ def pooler(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def scale(results: list[dict[str, Any]]) -> list[TableSpec]:
+    """Per backend: the ten-million-message store: how it was filled, its size, search per
+    query class, turns, start-up, the doctor and status, the explorer's pages, forget."""
+    specs = []
+    for r in results:
+        b, d = r["backend"], r["disk"]
+        load, copy = r["load"], r.get("copy")
+        how = (f"{d['messages']:,} messages in {r['sessions']:,} sessions of {r['agents']:,} agents; "
+               f"{load['stored_this_run']:,} stored through lcm this run at {f(load.get('messages_per_s'), 0)}/s "
+               f"({load['workers']} processes)")
+        if copy:
+            how += (f"; {copy['agents_copied']:,} agents copied from {copy['templates']} loaded ones in "
+                    f"{f(copy['copy_seconds'], 0)} s, search index built in {f(copy['index_build_seconds'], 0)} s")
+        size = TableSpec(f"scale, {b}: the store", ["what", "value"], left=frozenset({"what"}), notes=[how])
+        size.rows += [["bytes on disk", f"{d['store_bytes'] / 2**30:,.2f} GiB"],
+                      ["bytes per message", f(d["bytes_per_message"], 0)],
+                      ["text per message (content + tool calls)", f(d["text_bytes_per_message"], 0)],
+                      ["on disk / text", f"{f(d['ratio_to_text'], 2)}x"]]
+        for table, parts in (d.get("tables") or {}).items():
+            size.rows.append([f"  {table}: heap / TOAST / indexes MiB",
+                              " / ".join(f"{parts[k] / 2**20:,.0f}" for k in ("heap", "toast", "indexes"))])
+        specs.append(size)
+        worst = max(x["lcm"]["p95"] for k in ("grep_small_agents", "grep_big_agent") for x in r.get(k, []))
+        grep = TableSpec(f"scale, {b}: lcm_grep through the agent tool (ms)",
+                         ["agent", "class", "scope", "sort", "runs", "p50", "p95", "hits"],
+                         left=frozenset({"agent", "class", "scope", "sort"}),
+                         notes=[f"needle recall {r['needle_recall']['found']}/{r['needle_recall']['total']} "
+                                "(needles drawn across the store, each looked for agent-wide by its own agent); "
+                                f"worst p95 {f(worst, 1)} ms "
+                                "(goal: p95 <= 50 ms per class)"])
+        for key, who in (("grep_small_agents", "10k-message agents"), ("grep_big_agent", "1M-message agent")):
+            for x in r.get(key, []):
+                grep.rows.append([who, x["class"], x["scope"], x["sort"], str(x["runs"]), f(x["lcm"]["p50"]),
+                                  f(x["lcm"]["p95"]), f(x["hits"], 1)])
+        specs.append(grep)
+        turns = TableSpec(f"scale, {b}: turns under a 128k window (ms)",
+                          ["session", "stored before", "ingest p50 / p95", "compress p50 / p95", "whole turn p50 / p95",
+                           "compacting turns"], left=frozenset({"session"}),
+                          notes=["goal: a turn <= 5 ms p50; the resumed session was compacted first (extractive), "
+                                 "as a live one of its size is"])
+        for t in r["turns"]:
+            o = t["ops"]
+            turns.rows.append([t["label"], f"{t['stored_before']:,}",
+                               f"{f(o['ingest one turn']['p50'])} / {f(o['ingest one turn']['p95'])}",
+                               f"{f(o['compress']['p50'])} / {f(o['compress']['p95'])}",
+                               f"{f(o['whole turn']['p50'])} / {f(o['whole turn']['p95'])}",
+                               f"{t['compacted_turns']} of {t['turns']}"])
+        specs.append(turns)
+        ops = TableSpec(f"scale, {b}: start-up, doctor, status, explorer, forget", ["what", "time"],
+                        left=frozenset({"what"}),
+                        notes=["start-up: a new process imports lcm, opens the store and serves the first turn "
+                               "of a resumed session (goal <= 1 s); doctor/status: whole `lcm` processes"])
+        starts = sorted(x["total_s"] for x in r["startup"])
+        ops.rows.append(["start-up to first turn, median (min-max) s",
+                         f"{f(starts[len(starts) // 2])} ({f(starts[0])}-{f(starts[-1])})"])
+        ops.rows.append(["  of which: import / open / first turn s (median run)", " / ".join(
+            f(sorted(x[k] for x in r["startup"])[len(starts) // 2]) for k in ("import_s", "open_s", "first_turn_s"))])
+        ops.rows.append([f"lcm doctor ({r['doctor']['overall']}) s", f(r["doctor"]["seconds"])])
+        ops.rows.append(["lcm status s", f(r["status_seconds"])])
+        for page, t in r["explorer_pages_ms"].items():
+            ops.rows.append([f"explorer: {page}, p50 / p95 ms", f"{f(t['p50'], 1)} / {f(t['p95'], 1)}"])
+        for fg in r.get("forget", []):
+            line = (f"forget {fg['agent']} ({fg['messages']:,} messages) s", f(fg["forget_seconds"]))
+            ops.rows.append(list(line))
+            if "dead_tuples" in fg:
+                ops.rows.append([f"  left behind: dead tuples / after VACUUM ({f(fg.get('vacuum_seconds'), 1)} s)",
+                                 f"{fg['dead_tuples']:,} / {fg.get('after_vacuum', {}).get('dead_tuples', 0):,}"])
+            if "free_bytes" in fg:
+                ops.rows.append(["  left behind: free pages in the file (reused by later writes)",
+                                 f"{fg['free_bytes'] / 2**20:,.0f} MiB"])
+        specs.append(ops)
+    return specs
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
     "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo,
-    "locomo_prompt": locomo_prompt, "server_cost": server_cost, "pooler": pooler}
+    "locomo_prompt": locomo_prompt, "server_cost": server_cost, "pooler": pooler, "scale": scale}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -20,6 +20,8 @@ from benchmarks.raw import RawPostgres
 from benchmarks.search import AGENTS, load
 from lcm.config import LcmConfig
 from lcm.context.session import ContextSession
+from lcm.records import SessionRecord
+from lcm.store import Store
 from tests.support.ui_server import serving
 
 
@@ -33,10 +35,10 @@ def _timed(client: httpx.Client, path: str, runs: int) -> dict[str, float]:
     return summary_ms(times)
 
 
-def run(backend: str, url: str, *, messages: int, sessions: int, runs: int = 20) -> dict[str, Any]:
-    loaded = load(backend, url, Corpus(), messages, sessions)
-    store, agent = loaded.store, AGENTS[0]
-    key = next(k for k in sorted(loaded.sessions) if store.sessions.find(agent, k) is not None)
+def explorer_pages(store: Store, agent: str, key: str, runs: int, *,
+                   query: str = "needle0000000zq") -> tuple[SessionRecord, dict[str, Any]]:
+    """Compact session ``key`` a few times (leaves and condensed nodes for the DAG and node
+    pages), then time each explorer page over HTTP; the session and the times per page."""
     context = ContextSession(LcmConfig.from_env({}, agent_id=agent), store, agent_id=agent,
                              context_length=32_000, background_embedding=False, apply_filters=False)
     context.attach(key)
@@ -53,14 +55,22 @@ def run(backend: str, url: str, *, messages: int, sessions: int, runs: int = 20)
         "summary DAG": f"/a/{agent}/s/{key}/dag",
         "a node and its sources": f"/a/{agent}/node/{node.id}",
         "a message": f"/a/{agent}/msg/{newest.store_id}",
-        "search, agent-wide": f"/search?agent={agent}&q=needle0000000zq",
+        "search, agent-wide": f"/search?agent={agent}&q={query}",
         "status (store-wide counts)": "/status",
         "doctor (reads the whole store)": f"/doctor?agent={agent}",
     }
     results: dict[str, Any] = {}
-    with serving(store) as base, httpx.Client(base_url=base, timeout=120) as client:
+    with serving(store) as base, httpx.Client(base_url=base, timeout=600) as client:
         for name, path in pages.items():
             results[name] = _timed(client, path, runs)
+    return session, results
+
+
+def run(backend: str, url: str, *, messages: int, sessions: int, runs: int = 20) -> dict[str, Any]:
+    loaded = load(backend, url, Corpus(), messages, sessions)
+    store, agent = loaded.store, AGENTS[0]
+    key = next(k for k in sorted(loaded.sessions) if store.sessions.find(agent, k) is not None)
+    session, results = explorer_pages(store, agent, key, runs)
     raw = loaded.raw
     raw_times = []
     for _ in range(runs):

@@ -75,6 +75,16 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert r["agents_reporting"] == r["agents"] and r["peak_client_connections"] >= r["agents"]
         assert r["errors"] == 0 and r["lost"] == 0 and r["stored_twice"] == 0
         assert r["messages_stored"] == r["messages_sent"] == 4 * r["agents"] * r["turns_per_agent"]
+    for r in results["scale"]:  # the ten-million-message store at its smallest: loaded, copied, measured
+        assert r["load"]["messages_total"] == 3 * 400 + 2_000 and r["copy"]["agents_copied"] == 3
+        assert r["disk"]["messages"] == 6 * 400 + 2_000 and r["disk"]["bytes_per_message"] > 0
+        assert r["needle_recall"]["found"] == r["needle_recall"]["total"] == 5  # copies' needles too
+        assert {x["class"] for x in r["grep_small_agents"] + r["grep_big_agent"]} == {
+            "needle", "rare word", "two mid words", "most common"}
+        assert [t["stored_before"] > 0 for t in r["turns"]] == [True, False, False]
+        assert r["startup"] and r["doctor"]["overall"] in ("healthy", "warnings")
+        small, big = r["forget"]  # every message of the agent, the turns measured on it included
+        assert small["messages"] >= 400 and big["agent"] == "agent-big" and big["messages"] >= 2_000
     for r in results["cache"]:  # lcm and Hermes' compressor on one transcript, with and without idle gaps
         assert [(row["window"], row["idle"]) for row in r["rows"]] == [(64_000, False), (64_000, True)]
         for row in r["rows"]:
