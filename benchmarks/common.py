@@ -8,6 +8,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,20 @@ def append_messages(store: Store, session_pk: int, messages: Sequence[Mapping[st
                     **options: Any) -> AppendResult:
     """Bulk-load plain messages the way ``lcm ingest --no-compact`` stores them."""
     return store.messages.append(session_pk, prepare_messages(messages, _TOKENS), **options)
+
+
+def timed_turn(engine: Any, transcript: list[dict[str, Any]], current_tokens: int) -> tuple[Any, dict[str, float]]:
+    """One host turn through ``engine`` (an ``LcmEngine``): ``on_turn_complete``,
+    ``should_compress``, ``compress``; what ``compress`` returned and each step's milliseconds."""
+    t0 = time.perf_counter()
+    engine.on_turn_complete(transcript)
+    t1 = time.perf_counter()
+    engine.should_compress(current_tokens)
+    t2 = time.perf_counter()
+    out = engine.compress(transcript, current_tokens=current_tokens)
+    t3 = time.perf_counter()
+    return out, {"ingest one turn": (t1 - t0) * 1000, "should_compress": (t2 - t1) * 1000,
+                 "compress": (t3 - t2) * 1000, "whole turn": (t3 - t0) * 1000}
 
 
 def pg_base() -> str:

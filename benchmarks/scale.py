@@ -17,6 +17,7 @@ the big agent, and is skipped when ``forget`` is false.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -34,7 +35,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from benchmarks.common import append_messages, pg_base, summary_ms
+from benchmarks.common import append_messages, pg_base, summary_ms, timed_turn
 from benchmarks.corpus import FastCorpus
 from benchmarks.startup import cold_start
 from benchmarks.ui import explorer_pages
@@ -126,9 +127,14 @@ def _open_worker(url: str) -> None:
     _worker_store = Store.open(url)
 
 
+@functools.cache
+def _corpus() -> FastCorpus:
+    return FastCorpus()  # 0.1-0.2 s to build: once per process, not per session
+
+
 def _messages(job: Job, first: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """(global index of the batch's first message, batch) from message ``first`` of the job on."""
-    corpus = FastCorpus()
+    corpus = _corpus()
     turns_per_batch = BATCH // 4
     for start in range(first // 4, job.messages // 4, turns_per_batch):
         count = min(turns_per_batch, job.messages // 4 - start)
@@ -147,6 +153,8 @@ def fill(job: Job, t0: float) -> tuple[int, int]:
     session = store.sessions.get_or_create(job.agent, job.key, platform="bench")
     last = session.last_seq
     assert last % 4 == 0, f"{job.key} stopped mid-turn at {last}"
+    if last >= job.messages:
+        return 0, 0  # filled by an earlier run
     stored = chars = 0
     for index, batch in _messages(job, last):
         stamps = [t0 + (index + i) * SECONDS_APART for i in range(len(batch))]
@@ -185,6 +193,7 @@ def load(backend: str, url: str, jobs: list[Job], workers: int) -> dict[str, Any
     store.health.optimize()
     if backend == "postgresql":
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("SET statement_timeout = 0")  # lcm's connections carry one
             conn.exec_driver_sql("VACUUM (ANALYZE) lcm_messages, lcm_sessions, lcm_summaries")
     optimize_s = time.perf_counter() - t
     db.dispose(db.resolve_url(url))
@@ -254,7 +263,8 @@ def copy_agents(backend: str, url: str, jobs: list[Job], templates: int) -> dict
     with engine.connect() as conn:
         complete = {name for (name,) in conn.execute(text(
             "SELECT a.name FROM lcm_agents a JOIN lcm_sessions s ON s.agent_id = a.id GROUP BY a.name "
-            "HAVING count(*) = :n AND min(s.last_seq) = :per"), {"n": SESSIONS_PER_AGENT, "per": per_session}).all()}
+            "HAVING sum(CASE WHEN s.last_seq >= :per THEN 1 ELSE 0 END) >= :n"),  # measuring adds sessions
+            {"n": SESSIONS_PER_AGENT, "per": per_session}).all()}
         missing = [n for n in names[:templates] if n not in complete]
         if missing:
             raise RuntimeError(f"template agents not loaded yet: {missing[:5]}")
@@ -460,19 +470,12 @@ def turn_latency(url: str, store: Store, agent: str, key: str, *, label: str) ->
     compacted_turns = 0
     for turn in FastCorpus(seed=99).turns(TURNS, session=f"turns-{key}-{stored_before}"):
         transcript = transcript + turn
-        t0 = time.perf_counter()
-        engine.on_turn_complete(transcript)
-        t1 = time.perf_counter()
-        engine.should_compress(20_000)
-        t2 = time.perf_counter()
-        out = engine.compress(transcript, current_tokens=20_000)
-        t3 = time.perf_counter()
+        out, took = timed_turn(engine, transcript, 20_000)
         if out is not transcript:
             compacted_turns += 1
             transcript = out
-        for op, ms in (("ingest one turn", t1 - t0), ("should_compress", t2 - t1),
-                       ("compress", t3 - t2), ("whole turn", t3 - t0)):
-            times[op].append(ms * 1000)
+        for op, ms in took.items():
+            times[op].append(ms)
     assert engine.context.last_error is None, engine.context.last_error
     return {"label": label, "session": key, "stored_before": stored_before, "turns": TURNS,
             "compacted_turns": compacted_turns, "ops": {op: summary_ms(v) for op, v in times.items()}}
@@ -528,9 +531,20 @@ def _reclaimable(backend: str, conn: Any) -> dict[str, int]:
     return {"free_pages": int(pages), "free_bytes": int(pages) * int(size)}
 
 
+def _partial(out: dict[str, Any]) -> None:
+    """What is measured so far, as a JSON line on stderr: a later step that fails (an hour
+    into a run) does not take the earlier ones with it."""
+    print("[scale partial] " + json.dumps(out), file=sys.stderr, flush=True)
+
+
 def measure(backend: str, url: str, jobs: list[Job], *, runs: int, recall_sample: int, startups: int,
             forget: bool) -> dict[str, Any]:
     store = Store.open(url)
+    with store.engine.connect() as conn:  # an agent a measuring run forgot is not measured again
+        present = {tuple(r) for r in conn.execute(text(
+            "SELECT a.name, s.session_key FROM lcm_sessions s JOIN lcm_agents a ON a.id = s.agent_id "
+            "WHERE s.message_count > 0")).all()}
+    jobs = [j for j in jobs if (j.agent, j.key) in present]
     small = [j for j in jobs if j.agent != BIG_AGENT]
     rng = random.Random(3)
     out: dict[str, Any] = {"disk": disk(store)}
@@ -539,6 +553,7 @@ def measure(backend: str, url: str, jobs: list[Job], *, runs: int, recall_sample
     if any(j.agent == BIG_AGENT for j in jobs):
         out["grep_big_agent"] = grep_latency(url, store, jobs, big=True, runs=runs)
     out["needle_recall"] = needle_recall(url, store, jobs, recall_sample)
+    _partial(out)
     print(f"[scale {backend}] turns and start-up", file=sys.stderr, flush=True)
     chosen = rng.sample(small, startups + 1)
     out["compacted_for_turns"] = {job.key: compacted(store, job.agent, job.key) for job in chosen}
@@ -547,6 +562,7 @@ def measure(backend: str, url: str, jobs: list[Job], *, runs: int, recall_sample
     if any(j.agent == BIG_AGENT for j in jobs):
         out["turns"].append(turn_latency(url, store, BIG_AGENT, "new-big", label="new session, 1M-message agent"))
     out["startup"] = [cold_start(store, job.agent, job.key) for job in chosen[1:]]
+    _partial(out)
     print(f"[scale {backend}] doctor and explorer", file=sys.stderr, flush=True)
     seconds, report = _timed_cli(url, "doctor")
     out["doctor"] = {"seconds": seconds, "overall": report.get("overall")}
@@ -555,6 +571,7 @@ def measure(backend: str, url: str, jobs: list[Job], *, runs: int, recall_sample
     explorer_job = rng.choice(small)
     _, out["explorer_pages_ms"] = explorer_pages(store, explorer_job.agent, explorer_job.key, 3,
                                                  query=needle(explorer_job.first_needle))
+    _partial(out)
     if forget:
         print(f"[scale {backend}] forget", file=sys.stderr, flush=True)
         out["forget"] = [forget_agent(backend, url, store, agent)
@@ -576,6 +593,7 @@ def forget_agent(backend: str, url: str, store: Store, agent: str) -> dict[str, 
         time.sleep(1.0)  # PostgreSQL's statistics reach pg_stat_user_tables within a second
         result.update(_reclaimable(backend, conn))
         if backend == "postgresql":
+            conn.exec_driver_sql("SET statement_timeout = 0")  # lcm's connections carry one
             t = time.perf_counter()
             conn.exec_driver_sql("VACUUM lcm_messages, lcm_message_stems, lcm_sessions, lcm_summaries, "
                                  "lcm_summary_sources")
@@ -603,6 +621,7 @@ def run(backend: str, url: str, *, agents: int, per_agent: int, big: int, keep: 
         if backend == "postgresql":
             store = Store.open(url)
             with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("SET statement_timeout = 0")
                 t = time.perf_counter()
                 conn.exec_driver_sql("VACUUM (ANALYZE) lcm_messages, lcm_message_stems, lcm_sessions")
                 out["copy"]["vacuum_analyze_seconds"] = time.perf_counter() - t
