@@ -215,8 +215,10 @@ class Backend(ABC):
         (a big store), which leaves out checks that read the whole database."""
 
     @abstractmethod
-    def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
-        """Does the search index match the rows? ``deep`` checks every row (slow on big stores)."""
+    def check_search_index(self, conn: Connection, deep: bool,
+                           sessions: Sequence[int] | None = None) -> list[CheckResult]:
+        """Does the search index match the rows? ``deep`` checks every row (slow on big stores);
+        ``sessions``: the counts read only these sessions' rows (a bounded doctor run)."""
 
     @abstractmethod
     def rebuild_search_index(self, conn: Connection) -> dict[str, int]:

@@ -426,12 +426,14 @@ class PostgresBackend(Backend):
             yield expected(rows)
             after = rows[-1][0]
 
-    def check_search_index(self, conn: Connection, deep: bool) -> list[CheckResult]:
+    def check_search_index(self, conn: Connection, deep: bool,
+                           sessions: Sequence[int] | None = None) -> list[CheckResult]:
         out = []
+        within = "" if sessions is None else " AND session_id = ANY(CAST(:ids AS bigint[]))"
         for base in SEARCHABLE:
             kind = base.removeprefix("lcm_")
-            nulls = conn.execute(text(
-                f"SELECT count(*) FROM {base} WHERE search_vector IS NULL")).scalar_one()
+            nulls = conn.execute(text(f"SELECT count(*) FROM {base} WHERE search_vector IS NULL{within}"),
+                                 {"ids": list(sessions or ())}).scalar_one()
             problems = [f"{nulls} {kind} have no search vector"] if nulls else []
             mismatched = checked = 0
             for batch in self._index_batches(conn, base, None if deep else SAMPLE_ROWS):

@@ -108,7 +108,7 @@ class HealthRepository:
         ids = scope.sessions
         with self._core.read() as conn:
             results.extend(self._core.backend.check_database(conn, whole=scope.whole))
-            results.extend(self._core.backend.check_search_index(conn, deep))
+            results.extend(self._core.backend.check_search_index(conn, deep, ids))
             results.extend(self._check_counters(conn, ids))
             results.extend(self._check_coverage(conn, ids))
             results.extend(self._check_edges(conn, ids))

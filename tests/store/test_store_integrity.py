@@ -208,3 +208,21 @@ def test_a_bounded_check_still_finds_faults_in_the_sessions_it_reads(store):
         conn.execute(text("UPDATE lcm_sessions SET token_count = token_count + 1 WHERE id = :id"), {"id": recent})
     assert {c.name: c.status for c in store.health.checks(bound=50)}["session_counters"] == "fail"
     assert store.health.stats()["messages"] == 120  # from the sessions' counters, not a count of rows
+
+
+def test_a_bounded_check_reads_the_search_index_of_its_sessions_only(store):
+    """The index counts of a bounded run compare the checked sessions' rows with their entries
+    (a whole count reads every row of the table and the index): a row missing from the index
+    in an old session is not counted (the spot check of the newest rows may still see it in a
+    store this small), one in a recent session is."""
+    old, _, recent = _three_sessions(store)
+    drop_from_index(store, store.messages.get_range(old)[0].store_id)
+
+    def detail(**kw: int | bool) -> str:
+        return {c.name: c for c in store.health.checks(**kw)}["search_index_messages"].detail
+
+    counted = "indexed rows for" if store.backend_name == "sqlite" else "have no search vector"
+    assert counted not in detail(bound=90)
+    assert counted in detail(bound=90, everything=True)
+    drop_from_index(store, store.messages.get_range(recent)[-1].store_id)
+    assert counted in detail(bound=90)
