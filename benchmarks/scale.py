@@ -606,7 +606,7 @@ def forget_agent(backend: str, url: str, store: Store, agent: str) -> dict[str, 
 
 def run(backend: str, url: str, *, agents: int, per_agent: int, big: int, keep: str = "", workers: int = 2,
         templates: int = 0, runs: int = 40, recall_sample: int = 200, startups: int = 5,
-        forget: bool = True) -> dict[str, Any]:
+        forget: bool = True, copy: bool = True) -> dict[str, Any]:
     """Load (or resume loading) the store, then measure it. ``keep``: a store kept between runs
     (else the worker's fresh one, dropped afterwards). ``templates``: load only that many small
     agents through lcm and copy the rest (:func:`copy_agents`)."""
@@ -616,7 +616,7 @@ def run(backend: str, url: str, *, agents: int, per_agent: int, big: int, keep: 
     through_lcm = [j for j in jobs if not templates or j.agent == BIG_AGENT or int(j.agent[-4:]) < templates]
     out: dict[str, Any] = {"agents": agents + (1 if big else 0), "sessions": len(jobs),
                            "load": load(backend, url, through_lcm, workers)}
-    if templates:
+    if templates and copy:  # copy=False: measure a kept store again as it is
         out["copy"] = copy_agents(backend, url, jobs, templates)
         if backend == "postgresql":
             store = Store.open(url)

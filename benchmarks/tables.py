@@ -390,6 +390,8 @@ def scale(results: list[dict[str, Any]]) -> list[TableSpec]:
                       ["text per message (content + tool calls)", f(d["text_bytes_per_message"], 0)],
                       ["on disk / text", f"{f(d['ratio_to_text'], 2)}x"]]
         for table, parts in (d.get("tables") or {}).items():
+            if sum(parts.values()) < 64 * 2**20:
+                continue  # the small tables (sessions, summaries of the few compacted sessions)
             size.rows.append([f"  {table}: heap / TOAST / indexes MiB",
                               " / ".join(f"{parts[k] / 2**20:,.0f}" for k in ("heap", "toast", "indexes"))])
         specs.append(size)
@@ -429,6 +431,8 @@ def scale(results: list[dict[str, Any]]) -> list[TableSpec]:
         ops.rows.append(["  of which: import / open / first turn s (median run)", " / ".join(
             f(sorted(x[k] for x in r["startup"])[len(starts) // 2]) for k in ("import_s", "open_s", "first_turn_s"))])
         ops.rows.append([f"lcm doctor ({r['doctor']['overall']}) s", f(r["doctor"]["seconds"])])
+        if "doctor_after_scoping_s" in r:
+            ops.rows.append(["lcm doctor, its index counts bounded too (warm) s", f(r["doctor_after_scoping_s"])])
         ops.rows.append(["lcm status s", f(r["status_seconds"])])
         for page, t in r["explorer_pages_ms"].items():
             ops.rows.append([f"explorer: {page}, p50 / p95 ms", f"{f(t['p50'], 1)} / {f(t['p95'], 1)}"])

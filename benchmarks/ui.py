@@ -57,7 +57,7 @@ def explorer_pages(store: Store, agent: str, key: str, runs: int, *,
         "a message": f"/a/{agent}/msg/{newest.store_id}",
         "search, agent-wide": f"/search?agent={agent}&q={query}",
         "status (store-wide counts)": "/status",
-        "doctor (reads the whole store)": f"/doctor?agent={agent}",
+        "doctor (recent sessions of a big store)": f"/doctor?agent={agent}",
     }
     results: dict[str, Any] = {}
     with serving(store) as base, httpx.Client(base_url=base, timeout=600) as client:
