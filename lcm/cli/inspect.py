@@ -70,8 +70,10 @@ def status_command(url: str | None, agent: str, as_json: bool, session_key: str 
               help="Back the store up (SQLite), remove messages two writers stored twice (while not "
                    "yet summarized), rebuild the search index from the rows, check again.")
 def doctor_command(url: str | None, agent: str, as_json: bool, deep: bool, everything: bool, repair: bool) -> None:
-    """Check database integrity, schema, search index, the summary DAG and the settings (of the
-    most recently active sessions in a store of over 500,000 messages, unless --all)."""
+    """Check database integrity, schema, search index, the summary DAG and the settings.
+
+    A store of over 500,000 messages is checked by its most recently active sessions, unless
+    --all."""
     store = open_store(url)
     context = context_on(store, agent)
     repaired = None

@@ -142,7 +142,8 @@ class VectorPort(Protocol):
 
 
 class HealthPort(Protocol):
-    def checks(self, *, deep: bool = False) -> list[CheckResult]: ...
+    def checks(self, *, deep: bool = False, everything: bool = False,
+               bound: int | None = None) -> list[CheckResult]: ...
 
 
 class StorePorts(Protocol):

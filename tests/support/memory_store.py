@@ -708,8 +708,9 @@ class MemoryVectors(_Part):
 class MemoryHealth(_Part):
     """The invariants the real doctor checks that a memory store can break at all."""
 
-    def checks(self, *, deep: bool = False) -> list[CheckResult]:
-        data, problems = self._data, []
+    def checks(self, *, deep: bool = False, everything: bool = False,
+               bound: int | None = None) -> list[CheckResult]:
+        data, problems = self._data, []  # a memory store is small: every session, whatever the bound
         for s in data.sessions.values():
             rows = data.in_range(s.id, 1, s.last_seq)
             if [r.seq for r in rows] != list(range(1, s.last_seq + 1)) or s.message_count != len(rows) \
