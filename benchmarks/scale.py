@@ -368,6 +368,21 @@ def _grep(engine: LcmEngine, args: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+class _Engines:
+    """An engine per session searched, the last 64 kept (an engine opens its own context)."""
+
+    def __init__(self, url: str, store: Store) -> None:
+        self._url, self._store = url, store
+        self._open: dict[str, LcmEngine] = {}
+
+    def of(self, job: Job) -> LcmEngine:
+        if job.key not in self._open:
+            if len(self._open) >= 64:
+                self._open.clear()
+            self._open[job.key] = _engine(self._url, self._store, job.agent, job.key)
+        return self._open[job.key]
+
+
 def grep_latency(url: str, store: Store, jobs: list[Job], *, big: bool, runs: int,
                  seed: int = 1) -> list[dict[str, Any]]:
     """``lcm_grep`` per query class x scope x sort, in a random small agent's session each run
@@ -377,15 +392,11 @@ def grep_latency(url: str, store: Store, jobs: list[Job], *, big: bool, runs: in
     pool = [j for j in jobs if (j.agent == BIG_AGENT) == big]
     if big:
         pool = pool[:1]
-    engines: dict[str, LcmEngine] = {}
+    engines = _Engines(url, store)
 
     def pick() -> tuple[Job, LcmEngine]:
         job = rng.choice(pool)
-        if job.key not in engines:
-            if len(engines) > 64:
-                engines.clear()
-            engines[job.key] = _engine(url, store, job.agent, job.key)
-        return job, engines[job.key]
+        return job, engines.of(job)
 
     def a_needle(job: Job) -> str:
         return needle(rng.randrange(job.first_needle, job.needle_end, NEEDLE_EVERY))
@@ -420,6 +431,7 @@ def grep_latency(url: str, store: Store, jobs: list[Job], *, big: bool, runs: in
 def needle_recall(url: str, store: Store, jobs: list[Job], sample: int, seed: int = 2) -> dict[str, int]:
     """Needles drawn across the whole store, each looked for agent-wide by its own agent."""
     rng = random.Random(seed)
+    engines = _Engines(url, store)
     found = 0
     for _ in range(sample):
         job = rng.choice(jobs)
@@ -428,8 +440,7 @@ def needle_recall(url: str, store: Store, jobs: list[Job], sample: int, seed: in
         assert session is not None
         seq = job.needle_at(index)
         want = store.messages.get_range(session.id, first_seq=seq, last_seq=seq)[0].store_id
-        hits = _grep(_engine(url, store, job.agent, job.key),
-                     {"query": needle(index), "session_scope": "all", "limit": 5})["results"]
+        hits = _grep(engines.of(job), {"query": needle(index), "session_scope": "all", "limit": 5})["results"]
         found += any(h.get("store_id") == want for h in hits)
     return {"found": found, "total": sample}
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from lcm.backends import SearchSpec, post_filters
-from lcm.backends.pg_text import LexemeStats, _quote, estimated_matches, render_tsquery
+from lcm.backends.pg_text import LexemeStats, _quote, estimated_matches, gin_postings, render_tsquery
 from lcm.records import Candidate
 from lcm.textindex import Term
 
@@ -25,6 +25,12 @@ PHASE2_MAX_MATCHES = 10_000
 #: to the GIN index (its cost is those matches); commoner ones start with phase 1, which finds
 #: a common word's newest matches in the first rows it reads.
 GIN_DIRECT_MAX = 2_000
+#: A scope of at most this many rows (from the session counters) may be searched by reading
+#: every row of it, newest first, instead of through the GIN index (see ``PgSearch.search``).
+SCOPE_SCAN_MAX = 20_000
+#: What reading one row of the scope costs against reading one posting of the GIN index, for
+#: that choice (measured at 11M messages: docs/benchmarks.md, *Ten million messages*).
+SCAN_ROW_COST = 4.0
 #: Seconds the lexeme statistics (``pg_stats``, refreshed by ANALYZE) are reused.
 STATS_TTL_S = 300.0
 #: Stemmed query words remembered per process (cleared when it grows past this).
@@ -61,6 +67,13 @@ class PgSearch:
                 roles: Sequence[str]) -> tuple[list[Candidate], bool]:
         """Fenced phases, so no plan depends on the planner guessing term frequencies.
 
+        S. A small scope (a session or an agent of at most ``SCOPE_SCAN_MAX`` rows, from the
+           session counters) whose query the statistics cannot show to be cheaper through
+           the GIN index: every row of the scope, newest first, filtered by the query. Exact
+           (nothing older is left), and its cost is the scope's size, whatever the store's:
+           GIN reads every posting of each query word and of the scope lexeme in the whole
+           store, so two mid-frequency words or one common word cost a 10k-row agent 100 ms
+           or more at 10M messages (``gin_postings``).
         0. When the lexeme statistics say the query matches few rows of its scope (a needle, a
            rare word, two mid-frequency words together): the GIN index at once.
         1. Otherwise the newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the
@@ -85,7 +98,13 @@ class PgSearch:
             found = self._gin_phase(conn, q, None, q.need)
             return found, spec.ranked and len(found) >= q.need
         q = self._phase_query(spec, base, ts_col, roles)
-        estimated = estimated_matches(spec.query, q.scope, self._lexeme_stats(conn, base))
+        stats = self._lexeme_stats(conn, base)
+        scope_rows = self._scope_rows(conn, base, spec)
+        if scope_rows <= SCOPE_SCAN_MAX:  # phase S
+            postings = gin_postings(spec.query, q.scope, stats)
+            if postings is None or scope_rows * SCAN_ROW_COST < postings:
+                return self._scope_phase(conn, q)
+        estimated = estimated_matches(spec.query, q.scope, stats)
         if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
             found = self._gin_phase(conn, q, None, q.need)
             return found, spec.ranked and len(found) >= q.need
@@ -147,6 +166,27 @@ class PgSearch:
             source=source, vector=vector,
             order_col="seq" if session_scoped and base == "lcm_messages" else "id",
             where_scope="WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid ")
+
+    @classmethod
+    def _scope_phase(cls, conn: Connection, q: _PhaseQuery) -> tuple[list[Candidate], bool]:
+        """Phase S: phase 1 over a window as large as the whole (small) scope: every match, so
+        a ranked result is clamped only when more matched than are ranked."""
+        rows, found = cls._probe_phase(conn, replace(q, params={**q.params, "probe": SCOPE_SCAN_MAX}))
+        return found, q.ranked and sum(1 for r in rows if r[2]) > q.need
+
+    @staticmethod
+    def _scope_rows(conn: Connection, base: str, spec: SearchSpec) -> int:
+        """Rows in the search's scope: messages from the session counters (kept with every
+        append, checked by the doctor), summaries counted up to ``SCOPE_SCAN_MAX`` + 1."""
+        if base == "lcm_messages":
+            where = "id = :sid" if spec.session_pk is not None else "agent_id = :aid"
+            return int(conn.execute(text(
+                f"SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE {where}"),
+                {"sid": spec.session_pk, "aid": spec.agent_pk}).scalar_one())
+        where = "session_id = :sid" if spec.session_pk is not None else "agent_id = :aid"
+        return int(conn.execute(text(
+            f"SELECT count(*) FROM (SELECT 1 FROM {base} WHERE {where} LIMIT :cap) c"),
+            {"sid": spec.session_pk, "aid": spec.agent_pk, "cap": SCOPE_SCAN_MAX + 1}).scalar_one())
 
     @staticmethod
     def _probe_phase(conn: Connection, q: _PhaseQuery) -> tuple[Sequence[Any], list[Candidate]]:

@@ -274,22 +274,32 @@ class SQLiteBackend(Backend):
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         want = spec.window if spec.ranked else spec.limit
-        # Ranking: FTS5's bm25() unless a query word is common (see window_rank), whose whole
-        # posting list bm25() would read before scoring anything.
-        idfs, commonest = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0)
-        native = spec.ranked and commonest < window_rank.WINDOW_RANK_MIN_SHARE
+        extent = self._scope_extent(conn, kind, spec)
+        if extent is None:  # the scope holds no row
+            return [], False
+        first_id, last_id, scope_rows = extent
+        # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
+        # counts, before scoring anything, the rows of the whole index with each query word
+        # and with the scope token, so a common word or a big scope costs their whole lists.
+        idfs, widest, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
+        native = (spec.ranked and max(widest, scope_rows) < window_rank.NATIVE_RANK_MAX_ROWS
+                  and share < window_rank.WINDOW_RANK_MIN_SHARE)
         score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
+        # The scope's id range: FTS5 seeks its posting lists to it, so the query words' matches
+        # elsewhere in the store are skipped, not read (its own rows are the only ones in it
+        # that also carry its scope token).
+        params: dict[str, Any] = {"match": match, "want": want, "lo": first_id, "hi": last_id}
+        within = f"{fts} MATCH :match AND rowid BETWEEN :lo AND :hi"
         if not spec.has_post_filters:
-            sql = (f"SELECT rowid, {score} FROM {fts} WHERE {fts} MATCH :match "
-                   "ORDER BY rowid DESC LIMIT :want")
-            rows = conn.execute(text(sql), {"match": match, "want": want}).all()
+            sql = f"SELECT rowid, {score} FROM {fts} WHERE {within} ORDER BY rowid DESC LIMIT :want"
+            rows = conn.execute(text(sql), params).all()
             clamped = spec.ranked and len(rows) >= want
         else:
             base = _BASE[kind]
-            filters, params = post_filters(spec, "ts" if kind == "messages" else "latest_at")
-            params.update({"match": match, "want": want, "cap": spec.scan_cap})
+            filters, filter_params = post_filters(spec, "ts" if kind == "messages" else "latest_at")
+            params.update(filter_params, cap=spec.scan_cap)
             sql = (
-                f"WITH c AS (SELECT rowid AS id, {score} AS score FROM {fts} WHERE {fts} MATCH :match "
+                f"WITH c AS (SELECT rowid AS id, {score} AS score FROM {fts} WHERE {within} "
                 "ORDER BY rowid DESC LIMIT :cap) "
                 f"SELECT c.id, c.score FROM c JOIN {base} t ON t.id = c.id "
                 "JOIN lcm_sessions s ON s.id = t.session_id "
@@ -297,9 +307,9 @@ class SQLiteBackend(Backend):
             )
             rows = conn.execute(text(sql), params).all()
             if len(rows) < want:
-                inner = conn.execute(
-                    text(f"SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {fts} MATCH :match "
-                         "LIMIT :cap)"), params).scalar_one()
+                inner = conn.execute(text(
+                    f"SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {within} LIMIT :cap)"),
+                    params).scalar_one()
                 clamped = inner >= spec.scan_cap
             else:
                 clamped = spec.ranked
@@ -312,13 +322,41 @@ class SQLiteBackend(Backend):
         return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
 
     @staticmethod
-    def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float]:
+    def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int, int, int] | None:
+        """(first id, last id, rows) of the search's scope, from indexes and counters (a few
+        index seeks whatever its size); None when it is empty. A session's messages by seq
+        (its ids rise with it), anything else by the (agent_id, id) or session index."""
+        base = _BASE[kind]
+        if kind == "messages" and spec.session_pk is not None:
+            row = conn.execute(text(
+                "SELECT (SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq LIMIT 1), "
+                "(SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq DESC LIMIT 1), "
+                "(SELECT message_count FROM lcm_sessions WHERE id = :s)"), {"s": spec.session_pk}).one()
+        elif kind == "messages":
+            row = conn.execute(text(
+                "SELECT (SELECT min(id) FROM lcm_messages WHERE agent_id = :a), "
+                "(SELECT max(id) FROM lcm_messages WHERE agent_id = :a), "
+                "(SELECT sum(message_count) FROM lcm_sessions WHERE agent_id = :a)"), {"a": spec.agent_pk}).one()
+        else:  # summaries are few: their id span bounds their count
+            session = spec.session_pk is not None
+            column, value = ("session_id", spec.session_pk) if session else ("agent_id", spec.agent_pk)
+            row = conn.execute(text(
+                f"SELECT (SELECT min(id) FROM {base} WHERE {column} = :v), "
+                f"(SELECT max(id) FROM {base} WHERE {column} = :v), NULL"), {"v": value}).one()
+        if row[0] is None:
+            return None
+        first, last = int(row[0]), int(row[1])
+        return first, last, int(row[2]) if row[2] is not None else last - first + 1
+
+    @staticmethod
+    def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float, float]:
         """Each query word's IDF, from its document frequency estimated on its newest matches
-        (``window_rank.estimate_doc_freq``), and the largest share of rows one word is in."""
+        (``window_rank.estimate_doc_freq``); the largest of those document frequencies, and
+        its share of all rows."""
         base = _BASE[kind]
         newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
         idfs: dict[Term, float] = {}
-        commonest = 0.0
+        widest = 0.0
         for term in query.positive_terms():
             if term in idfs:
                 continue
@@ -327,8 +365,8 @@ class SQLiteBackend(Backend):
                 "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
             doc_freq = window_rank.estimate_doc_freq(int(sampled), oldest, newest)
             idfs[term] = window_rank.idf(doc_freq, newest)
-            commonest = max(commonest, doc_freq / max(newest, 1))
-        return idfs, commonest
+            widest = max(widest, doc_freq)
+        return idfs, widest, widest / max(newest, 1)
 
     @staticmethod
     def _rank_window(conn: Connection, kind: str, query: Query, ids: list[int],

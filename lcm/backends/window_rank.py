@@ -2,12 +2,14 @@
 
 Why: FTS5's ``bm25()`` counts, before it scores a single row, how many documents of the
 *entire* index contain each query term (``xQueryPhrase`` over the term's full doclist). For the
-most common word of a 1M-message store that is ~100 ms, however few rows are then ranked. lcm
-only ever ranks the newest ``RANK_WINDOW`` matches of a scope (see ``lcm.backends``), so when a
-query word is in at least ``WINDOW_RANK_MIN_SHARE`` of all rows the SQLite backend scores those
-rows itself with the usual BM25 formula (for rarer words ``bm25()`` is cheap and is kept: its
-candidates are spread over the whole file, and reading each one's text here would cost more
-random reads than the doclists bm25() walks):
+most common word of a 1M-message store that is ~100 ms, however few rows are then ranked; the
+scope token (a session's or an agent's) is a phrase of the query too, so a 900k-message
+session costs its whole list as well. lcm only ever ranks the newest ``RANK_WINDOW`` matches of
+a scope (see ``lcm.backends``), so when a query word is in at least ``WINDOW_RANK_MIN_SHARE`` of
+all rows, or a query word or the scope is in ``NATIVE_RANK_MAX_ROWS`` rows or more, the SQLite
+backend scores those rows itself with the usual BM25 formula (below that ``bm25()`` is cheap
+and is kept: reading each candidate's text here would cost more random reads than the short
+doclists bm25() walks):
 
 - **term frequency**: occurrences of the term's first token in the case-folded head of the
   row's indexed body (``HEAD_CHARS``), at least 1 for a group the row matched (the index's
@@ -36,6 +38,9 @@ HEAD_CHARS = 4_000
 DF_SAMPLE = 256
 #: A query with a word in at least this share of all rows is ranked here, not by bm25().
 WINDOW_RANK_MIN_SHARE = 0.1
+#: ... or with a word, or a scope, in at least this many rows (bm25()'s cost grows with the
+#: store, not the scope: two words each in 1% of 11M rows cost 90-150 ms a search, measured).
+NATIVE_RANK_MAX_ROWS = 50_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -226,8 +226,10 @@ class HealthRepository:
             e.c.child_id).where(e.c.child_id == child.c.id).exists()), child, ids)).scalars().all()
         if dangling:
             problems.append(f"summaries marked condensed without an edge: {dangling[:10]}")
-        kids = _within(select(e.c.summary_id, func.count().label("n")).join(s, s.c.id == e.c.summary_id),
-                       s, ids).group_by(e.c.summary_id).subquery()
+        counted = select(e.c.summary_id, func.count().label("n"))
+        if ids is not None:  # a bounded check counts the children of its sessions' nodes only
+            counted = _within(counted.join(s, s.c.id == e.c.summary_id), s, ids)
+        kids = counted.group_by(e.c.summary_id).subquery()
         miscount = conn.execute(_within(select(s.c.id).outerjoin(kids, kids.c.summary_id == s.c.id).where(
             func.coalesce(kids.c.n, 0) != s.c.source_count), s, ids)).scalars().all()
         if miscount:

@@ -190,6 +190,7 @@ def tiny_windows(monkeypatch):
     monkeypatch.setattr(pg, "PROBE_ROWS", 2)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 10**9)
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", -1)  # never phase 0, even if autovacuum analyzed
+    monkeypatch.setattr(pg, "SCOPE_SCAN_MAX", -1)  # never phase S: these scopes are all small
 
 
 @pytest.fixture
@@ -199,6 +200,7 @@ def gin_direct(store, monkeypatch):
     import lcm.backends.pg_search as pg
 
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", 10**9)
+    monkeypatch.setattr(pg, "SCOPE_SCAN_MAX", -1)
 
     def analyzed() -> None:
         store.health.optimize()
@@ -207,6 +209,58 @@ def gin_direct(store, monkeypatch):
                 assert store.backend._searches._lexeme_stats(conn, "lcm_messages") is not None
 
     return analyzed
+
+
+@pytest.fixture
+def scope_first(monkeypatch):
+    """The paths a big store takes for a small scope: PostgreSQL reads every row of the scope
+    (phase S) whatever the statistics say, and SQLite ranks every window itself (window_rank)
+    instead of with bm25(); both within the scope's id range."""
+    import lcm.backends.pg_search as pg
+    from lcm.backends import window_rank
+
+    monkeypatch.setattr(pg, "SCAN_ROW_COST", 0.0)
+    monkeypatch.setattr(window_rank, "NATIVE_RANK_MAX_ROWS", 0)
+
+
+@pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
+def test_parity_table_through_the_scope_phase(store, corpus, scope_first, query, expected):
+    session, ids = corpus
+    for scope in (session.id, None):
+        got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
+        assert got == [ids[i] for i in expected]
+        ranked = store.search.messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
+        assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
+
+
+def test_filters_and_scopes_through_the_scope_phase(store, scope_first):
+    """Interleaved sessions and agents: a scope's id range holds other scopes' rows, which its
+    search must skip; filters and roles apply; a ranked search over more matches than it ranks
+    says so."""
+    mine = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(2)]
+    theirs = store.sessions.get_or_create("agent-b", "s0")
+    ids: dict[int, list[int]] = {s.id: [] for s in (*mine, theirs)}
+    for i in range(12):
+        for s in (*mine, theirs):
+            ids[s.id] += append_messages(store, s.id, [
+                {"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
+                 "timestamp": 1_000 + i}], after_identity=str(i)).store_ids
+    first = mine[0].id
+    got = store.search.messages("shared", agent="agent-a", session_pk=first, limit=50).hits
+    assert [h.id for h in got] == list(reversed(ids[first]))
+    everywhere = store.search.messages("shared", agent="agent-a", limit=50).hits
+    assert sorted(h.id for h in everywhere) == sorted(ids[mine[0].id] + ids[mine[1].id])
+    window = store.search.messages("shared", agent="agent-a", session_pk=first, time_from=1_005,
+                                   time_to=1_009, roles=["user"], limit=50).hits
+    assert [h.id for h in window] == [ids[first][i] for i in (9, 7, 5)]
+    ranked = store.search.messages("item3 shared", agent="agent-a", sort="relevance", limit=5)
+    assert sorted(h.id for h in ranked.hits) == sorted([ids[mine[0].id][3], ids[mine[1].id][3]])
+    assert not ranked.candidates_clamped
+    many = append_messages(store, first, [{"role": "user", "content": f"plenty {i}"} for i in range(1_001)],
+                           after_identity="many").store_ids
+    clamped = store.search.messages("plenty", agent="agent-a", session_pk=first, sort="relevance", limit=3)
+    assert clamped.candidates_clamped and {h.id for h in clamped.hits} <= set(many)
+    assert not store.search.messages("plenty", agent="agent-b", limit=3).hits
 
 
 @pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
@@ -262,6 +316,7 @@ def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, 
     monkeypatch.setattr(pg, "PROBE_ROWS", 10)
     monkeypatch.setattr(pg, "PHASE2_MAX_MATCHES", 5)
     monkeypatch.setattr(pg, "GIN_DIRECT_MAX", -1)
+    monkeypatch.setattr(pg, "SCOPE_SCAN_MAX", -1)  # the phases a big scope takes
     store = Store.open(pg_url, upgrade=True)
     s = store.sessions.get_or_create("agent-a", "s")
     append_messages(store, s.id, [{"role": "user", "content": f"common {i}"} for i in range(100)])
@@ -306,6 +361,22 @@ def test_lexeme_statistics_estimate_matches():
     assert estimated_matches(parse_query("needle"), ["s99"], stats) == pytest.approx(1)
     assert estimated_matches(parse_query("comm*"), [], stats) is None
     assert estimated_matches(parse_query("common"), [], None) is None
+
+
+def test_gin_postings_count_every_list_the_index_reads():
+    """PostgreSQL's phase-S decision: GIN reads each query word's whole posting list and the
+    scope lexeme's, however few rows have them all; a prefix is unknown."""
+    from lcm.backends.pg_text import LexemeStats, gin_postings
+    from lcm.textindex import parse_query
+
+    stats = LexemeStats({"common": 0.3, "mid": 0.01, "other": 0.02, "§a1": 0.001},
+                        floor=0.002, rows=10_000_000)
+    assert gin_postings(parse_query("mid other"), ["a1"], stats) == pytest.approx(310_000)
+    assert gin_postings(parse_query("common"), [], stats) == pytest.approx(3_000_000)
+    assert gin_postings(parse_query('"mid other" -common'), [], stats) == pytest.approx(3_300_000)
+    assert gin_postings(parse_query("needle"), ["a1"], stats) == pytest.approx(20_000)
+    assert gin_postings(parse_query("mi*"), [], stats) is None
+    assert gin_postings(parse_query("mid"), [], None) is None
 
 
 # ----------------------------------------------------------------- SQLite's batched message index
