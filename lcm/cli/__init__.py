@@ -1,7 +1,7 @@
 """The ``lcm`` command line: one module per concern — ``demo``; ``transfer`` (ingest, export);
 ``recall`` (sessions, grep, describe, expand, load: the agent tools for people); ``inspect``
 (status, doctor, backup); ``embed`` (vectors for semantic search); ``db`` (migrations);
-``importing``, ``migrate``, ``forget``, ``hermes``, ``ui``.
+``importing``, ``migrate``, ``forget``, ``hermes``, ``ui``, ``proxy``.
 
 Every command takes ``--url`` (or ``LCM_DATABASE_URL``) and ``--json``. Failures print one
 line to stderr and exit non-zero; a traceback is a bug.
@@ -71,6 +71,9 @@ COMMANDS: dict[str, Lazy] = {
         "Copy every agent, session, message, summary and vector of the store into another "
         "database (e.g. SQLite to a team's PostgreSQL), then verify both sides. Run it again to "
         "copy what was added since, or to finish an interrupted run."),
+    "proxy": Lazy("lcm.cli.proxy", "proxy_command",
+        "Serve the OpenAI chat API on HOST:PORT in front of --upstream: every message stored once, "
+        "the model handed lcm's context within its window, the lcm tools and auto-recall added."),
     "recall": Lazy("lcm.cli.recall", "recall_command",
         "The auto-recall block lcm would add before the model answers MESSAGE: the stored turns "
         "of any of the agent's sessions that best match it, verbatim, with their store ids."),

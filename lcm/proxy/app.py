@@ -1,0 +1,353 @@
+"""The proxy's HTTP side: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``
+passed through, both also under ``/t/<token>/v1`` (the token-in-base-URL form, see
+``lcm.proxy.callers``), and ``GET /health``.
+
+A completion, in order (store work runs in worker threads, the upstream calls on the event
+loop):
+
+1. the request is checked (a 400 shaped like the API's names what is wrong) and resolved to
+   its agent and conversation;
+2. its messages are stored and the upstream's messages assembled (``Conversations.prepare``);
+   if the store cannot take them, the answer is a 503 and nothing is sent upstream, so a
+   client's retry loses nothing and stores nothing twice;
+3. the upstream is called with the client's own headers (``Authorization`` untouched) and the
+   lcm tools added (``lcm.proxy.toolloop``); lcm tool rounds are answered here;
+4. the answer goes back as the upstream gave it: the same bytes when no lcm round or call was
+   involved; otherwise the same object with the client's calls only and the usage of every
+   upstream call added up. Streams are relayed chunk by chunk as they arrive; a tool call's
+   chunks are held until its round ends (the client could not run it before then anyway);
+5. only an answer that was complete is stored (a stream cut by either side stores nothing
+   of it: the client's retry gets, and stores, a new answer); a stream's answer is stored
+   before its end (``[DONE]``) is sent.
+
+An upstream error (status ≥ 400) comes back with its status and body unchanged. An upstream
+that does not answer within ``--timeout`` seconds (between two bytes of a stream) gives a 504,
+or an ``error`` event inside a stream already begun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from lcm.errors import DatabaseUnavailableError, LcmError
+from lcm.proxy import toolloop
+from lcm.proxy.callers import AGENT_HEADER, SESSION_HEADER, TOKEN_HEADER, Callers
+from lcm.proxy.conversations import Conversation, Conversations, api_key_of
+from lcm.proxy.wire import RequestError, StreamedAnswer, add_usage, error_body, parse_request, sse, sse_events
+
+log = logging.getLogger("lcm.proxy")
+
+#: Request headers never sent upstream: the proxy's own, and the hop-by-hop ones httpx sets.
+_NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding",
+                            "accept-encoding", "te", "upgrade", "proxy-authorization",
+                            SESSION_HEADER, AGENT_HEADER, TOKEN_HEADER})
+
+
+@dataclass
+class ProxySettings:
+    upstream: str  # the provider's base URL, e.g. https://api.openai.com/v1
+    timeout: float = 600.0  # seconds without a byte from the upstream
+    tools: bool = True
+
+
+def create_app(settings: ProxySettings, conversations: Conversations, callers: Callers,
+               client: httpx.AsyncClient | None = None) -> Starlette:
+    proxy = _Proxy(settings, conversations, callers, client)
+    routes = [Route("/health", proxy.health, methods=["GET"])]
+    for prefix in ("/v1", "/t/{token}/v1"):
+        routes += [Route(f"{prefix}/chat/completions", proxy.completions, methods=["POST"]),
+                   Route(f"{prefix}/models", proxy.models, methods=["GET"]),
+                   Route(prefix + "/models/{model:path}", proxy.models, methods=["GET"])]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await proxy.close()
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _upstream_error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(error_body(message, kind="upstream_error", code=code), status_code=status)
+
+
+class _Proxy:
+    def __init__(self, settings: ProxySettings, conversations: Conversations, callers: Callers,
+                 client: httpx.AsyncClient | None):
+        self.settings = settings
+        self.conversations = conversations
+        self.callers = callers
+        self.base = settings.upstream.rstrip("/")
+        self.client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "upstream": self.base})
+
+    def _forwarded(self, request: Request) -> dict[str, str]:
+        return {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.callers.resolve(request.headers, request.path_params.get("token"), [])
+        except RequestError as exc:
+            return _error(exc)
+        tail = request.url.path.split("/v1", 1)[1]
+        try:
+            answer = await self.client.get(self.base + tail, headers=self._forwarded(request),
+                                           params=dict(request.query_params))
+        except httpx.TimeoutException:
+            return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
+        except httpx.HTTPError as exc:
+            return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
+        return Response(answer.content, status_code=answer.status_code,
+                        media_type=answer.headers.get("content-type"))
+
+    # ------------------------------------------------------------------ completions
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = parse_request(await request.body())
+            caller = self.callers.resolve(request.headers, request.path_params.get("token"), body["messages"])
+        except RequestError as exc:
+            return _error(exc)
+        conversation = await run_in_threadpool(self.conversations.get, caller, body["model"])
+        client_messages: list[dict[str, Any]] = body["messages"]
+        try:
+            sendable = await run_in_threadpool(self.conversations.prepare, conversation, client_messages,
+                                               body["model"], api_key_of(request.headers.get("authorization")))
+        except DatabaseUnavailableError as exc:
+            return JSONResponse(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
+                                           "was sent to the model: retry shortly", kind="server_error",
+                                           code="lcm_store_unavailable"), status_code=503)
+        except LcmError as exc:
+            return JSONResponse(error_body(f"lcm could not store this conversation: {exc}", kind="server_error",
+                                           code="lcm_error"), status_code=500)
+        tools = toolloop.offer(body) if self.settings.tools else None
+        upstream = {**body, "messages": sendable}
+        if tools is not None:
+            upstream["tools"] = tools
+        turn = _Turn(conversation, client_messages, upstream, toolloop.offered_names(tools, body),
+                     self._forwarded(request))
+        if body.get("stream"):
+            return await self._stream(turn)
+        return await self._complete(turn)
+
+    async def _keep(self, turn: _Turn, answer: dict[str, Any] | None, usage: Mapping[str, Any] | None) -> None:
+        try:
+            await run_in_threadpool(self.conversations.keep, turn.conversation, turn.client_messages, answer, usage)
+        except LcmError as exc:  # the client has its answer; its next request stores it
+            log.warning("lcm proxy: the answer could not be stored now (%s); the next request stores it", exc)
+
+    async def _lcm_round(self, turn: _Turn, message: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+        results = await run_in_threadpool(self.conversations.run_locked, turn.conversation,
+                                          lambda context: toolloop.answer(context, calls))
+        turn.upstream["messages"] = [*turn.upstream["messages"], {**message, "tool_calls": calls}, *results]
+        turn.rounds += 1
+        if turn.rounds >= toolloop.MAX_ROUNDS:  # the model answers without them now
+            turn.upstream["tool_choice"] = "none"
+
+    async def _complete(self, turn: _Turn) -> Response:
+        usage: dict[str, Any] | None = None
+        while True:
+            try:
+                answer = await self.client.post(f"{self.base}/chat/completions", json=turn.upstream,
+                                                headers=turn.headers)
+            except httpx.TimeoutException:
+                return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s",
+                                       "timeout")
+            except httpx.HTTPError as exc:
+                return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
+            if answer.status_code >= 400:
+                return Response(answer.content, status_code=answer.status_code,
+                                media_type=answer.headers.get("content-type"))
+            try:
+                data = answer.json()
+                message = dict(data["choices"][0]["message"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                return Response(answer.content, status_code=answer.status_code,
+                                media_type=answer.headers.get("content-type"))
+            usage = add_usage(usage, data.get("usage"))
+            mine, theirs = toolloop.split_calls(message.get("tool_calls"), turn.lcm_tools)
+            if mine and not theirs and turn.rounds < toolloop.MAX_ROUNDS:
+                await self._lcm_round(turn, message, mine)
+                continue
+            break
+        if not mine and turn.rounds == 0:  # untouched: the upstream's own bytes
+            await self._keep(turn, message, usage)
+            return Response(answer.content, status_code=answer.status_code,
+                            media_type=answer.headers.get("content-type"))
+        shown = toolloop.client_message(message, theirs)
+        data["choices"][0]["message"] = shown
+        if mine and not theirs and data["choices"][0].get("finish_reason") == "tool_calls":
+            data["choices"][0]["finish_reason"] = "stop"
+        if usage is not None:
+            data["usage"] = usage
+        await self._keep(turn, shown, usage)
+        return JSONResponse(data)
+
+    # ------------------------------------------------------------------ streams
+
+    async def _open(self, turn: _Turn) -> httpx.Response | Response:
+        """The upstream's streamed answer, or the response to give the client instead."""
+        request = self.client.build_request("POST", f"{self.base}/chat/completions", json=turn.upstream,
+                                            headers=turn.headers)
+        try:
+            answer = await self.client.send(request, stream=True)
+        except httpx.TimeoutException:
+            return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
+        except httpx.HTTPError as exc:
+            return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
+        if answer.status_code >= 400:
+            body = await answer.aread()
+            await answer.aclose()
+            return Response(body, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
+        return answer
+
+    async def _stream(self, turn: _Turn) -> Response:
+        first = await self._open(turn)
+        if not isinstance(first, httpx.Response):
+            return first
+        return StreamingResponse(self._relay(turn, first), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _relay(self, turn: _Turn, answer: httpx.Response) -> AsyncIterator[bytes]:
+        wants_usage = bool((turn.upstream.get("stream_options") or {}).get("include_usage"))
+        usage: dict[str, Any] | None = None
+        head: dict[str, Any] | None = None
+        while True:
+            streamed = StreamedAnswer()
+            held: list[dict[str, Any]] = []  # the finish and usage chunks, until the round is decided
+            try:
+                async for event in self._events(answer):
+                    if event == "[DONE]":
+                        continue
+                    try:
+                        chunk = json.loads(event)
+                    except ValueError:
+                        continue
+                    if "error" in chunk:  # the upstream failed mid-stream: relayed, nothing stored
+                        yield sse(chunk)
+                        return
+                    streamed.add(chunk)
+                    head = head or {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+                    if not turn.lcm_tools:
+                        yield sse(event)
+                        continue
+                    shown = _without_calls_and_finish(chunk, head)
+                    if shown is not None:
+                        yield sse(shown)
+                    if _has_finish(chunk) or chunk.get("usage"):
+                        held.append(chunk)
+            except httpx.TimeoutException:
+                yield sse(error_body(f"the upstream stopped sending for {self.settings.timeout:g} s",
+                                     kind="upstream_error", code="timeout"))
+                return
+            except httpx.HTTPError as exc:
+                yield sse(error_body(f"the upstream stream broke: {exc}", kind="upstream_error",
+                                     code="upstream_unreachable"))
+                return
+            finally:
+                await answer.aclose()
+            usage = add_usage(usage, streamed.usage)
+            message = streamed.message()
+            mine, theirs = toolloop.split_calls(message.get("tool_calls"), turn.lcm_tools)
+            if mine and not theirs and turn.rounds < toolloop.MAX_ROUNDS:
+                await self._lcm_round(turn, message, mine)
+                nxt = await self._open(turn)
+                if not isinstance(nxt, httpx.Response):
+                    yield sse(json.loads(bytes(nxt.body)) if nxt.body else error_body(
+                        "the upstream failed", kind="upstream_error"))
+                    return
+                answer = nxt
+                continue
+            break
+        # Stored before the stream's end reaches the client: a client that has read [DONE]
+        # can count on its answer being kept when it sends its next request.
+        await self._keep(turn, toolloop.client_message(message, theirs), usage)
+        if turn.lcm_tools:
+            for chunk in _closing_chunks(head or {}, theirs, held, streamed.finish_reason, usage, wants_usage):
+                yield sse(chunk)
+        yield sse("[DONE]")
+
+    async def _events(self, answer: httpx.Response) -> AsyncIterator[str]:
+        buffer = bytearray()
+        async for piece in answer.aiter_raw():
+            buffer += piece
+            for event in sse_events(buffer):
+                yield event
+        for event in sse_events(buffer + b"\n\n"):
+            yield event
+
+
+@dataclass
+class _Turn:
+    conversation: Conversation
+    client_messages: list[dict[str, Any]]
+    upstream: dict[str, Any]
+    lcm_tools: frozenset[str]
+    headers: dict[str, str]
+    rounds: int = 0
+    started: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.started = time.perf_counter()
+
+
+def _has_finish(chunk: Mapping[str, Any]) -> bool:
+    return any(isinstance(c, Mapping) and c.get("finish_reason") for c in chunk.get("choices") or ())
+
+
+def _without_calls_and_finish(chunk: Mapping[str, Any], head: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What of a chunk the client gets while its round is undecided: text deltas, under the
+    first round's id; tool-call deltas, finish reasons and usage are held (None: nothing left)."""
+    choices = []
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        delta = {k: v for k, v in (choice.get("delta") or {}).items() if k != "tool_calls"}
+        if not delta:
+            continue
+        choices.append({**choice, "delta": delta, "finish_reason": None})
+    if not choices:
+        return None
+    return {**chunk, **head, "choices": choices, **({"usage": None} if "usage" in chunk else {})}
+
+
+def _closing_chunks(head: Mapping[str, Any], calls: list[dict[str, Any]], held: list[dict[str, Any]],
+                    finish: str | None, usage: dict[str, Any] | None, wants_usage: bool) -> list[dict[str, Any]]:
+    """The end of a relayed stream whose round was held: the client's tool calls (whole, one
+    chunk), the finish reason, and the usage of every upstream call when the client asked for it."""
+    base = {"object": "chat.completion.chunk", **head}
+    out: list[dict[str, Any]] = []
+    if calls:
+        out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": i, **call} for i, call in enumerate(calls)]}, "finish_reason": None}]})
+    reason = finish if (finish != "tool_calls" or calls) else "stop"
+    last = next((c for c in reversed(held) if _has_finish(c)), None)
+    choice = dict(last["choices"][0]) if last is not None else {"index": 0}
+    out.append({**base, "choices": [{**choice, "delta": {}, "finish_reason": reason or "stop"}]})
+    if wants_usage:
+        out.append({**base, "choices": [], "usage": usage})
+    return out

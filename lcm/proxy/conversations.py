@@ -1,0 +1,178 @@
+"""A conversation's context session, as the proxy drives it.
+
+Per request: the client's messages are stored (exactly once: the engine's alignment matches a
+re-sent history to what is stored, and an edited one becomes a fork) and turned into what the
+upstream gets: lcm's assembled context when the conversation outgrew the window's threshold,
+else the client's messages themselves; plus the auto-recall block on the new user message.
+When the upstream has answered, the answer is stored as the client receives it, so the next
+request (which carries it back) adds nothing twice. The lcm tools' own rounds (the model's calls
+to lcm tools and their results) are never stored: the client never holds them, and storing
+them would make every next request look like an edit of the conversation.
+
+The prompt cache: a user message's recall block is remembered (``RECALLED_PER_CONVERSATION``)
+and put on that message again in every later request, byte for byte, so the upstream sees the
+same prefix it cached. A proxy restarted loses that memory: one cache miss per conversation.
+
+One lock per conversation (a context session is not shared between threads); conversations
+idle the longest are dropped past ``MAX_OPEN`` (their state is in the store; only the recall
+memory and the usage counters are lost).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lcm.config import LcmConfig
+from lcm.context.ports import StorePorts
+from lcm.context.session import ContextSession
+from lcm.context.summarize import Route
+from lcm.context.summarize.routes import OpenAICompatibleRoute
+from lcm.errors import retry_dropped
+from lcm.messages import content_hash
+from lcm.proxy.callers import Caller
+from lcm.proxy.windows import Windows
+from lcm.tools.autorecall import recall_block
+
+#: Conversations kept open at once (least recently used dropped first).
+MAX_OPEN = 1_024
+#: Recall blocks remembered per conversation (for the user messages still in its prompt).
+RECALLED_PER_CONVERSATION = 256
+PLATFORM = "proxy"
+
+
+@dataclass
+class Conversation:
+    caller: Caller
+    context: ContextSession
+    model: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: content hash of a user message → the recall block it was sent with.
+    recalled: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    #: The current request's API key, for the summarizer's calls to the same upstream during
+    #: it. Memory only, replaced by each request: never stored, never logged.
+    api_key: str | None = None
+
+
+class Conversations:
+    """The open conversations of one proxy process over one store."""
+
+    def __init__(self, store: StorePorts, config: LcmConfig, windows: Windows, upstream: str, *,
+                 summarize_upstream: bool = True, auto_recall: bool | None = None):
+        self.store = store
+        self.config = config
+        self.windows = windows
+        self.upstream = upstream.rstrip("/")
+        #: The summarizer calls the upstream (the request's model and key) unless LCM_SUMMARY_*
+        #: names another endpoint or LCM_SUMMARIZER says otherwise.
+        self.summarize_upstream = summarize_upstream and not config.summary_base_url
+        self.auto_recall = config.auto_recall if auto_recall is None else auto_recall
+        self._open: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, caller: Caller, model: str) -> Conversation:
+        key = (caller.agent, caller.session_key)
+        with self._lock:
+            found = self._open.get(key)
+            if found is not None:
+                self._open.move_to_end(key)
+                return found
+        made = self._open_conversation(caller, model)
+        with self._lock:
+            found = self._open.setdefault(key, made)
+            self._open.move_to_end(key)
+            while len(self._open) > MAX_OPEN:
+                self._open.popitem(last=False)
+        return found
+
+    def _open_conversation(self, caller: Caller, model: str) -> Conversation:
+        holder: dict[str, Conversation] = {}
+        route = self._route(holder) if self.summarize_upstream else None
+        context = ContextSession(self.config, self.store, agent_id=caller.agent, model=model,
+                                 context_length=self.windows.of(model), host_route=route)
+        conversation = Conversation(caller, context, model)
+        holder["it"] = conversation
+        return conversation
+
+    def _route(self, holder: Mapping[str, Conversation]) -> Callable[[str | None], Route]:
+        def route(model: str | None) -> Route:
+            conversation = holder["it"]
+            return OpenAICompatibleRoute(self.upstream, model or conversation.model, conversation.api_key)
+        return route
+
+    # ------------------------------------------------------------------ a request
+
+    def prepare(self, conversation: Conversation, messages: list[dict[str, Any]], model: str,
+                api_key: str | None) -> list[dict[str, Any]]:
+        """Store the client's messages and return what the upstream gets (see the module)."""
+        with conversation.lock:
+            conversation.api_key = api_key
+            context = conversation.context
+            if model != conversation.model:
+                conversation.model = model
+                context.set_model(model, self.windows.of(model))
+            if context.current is None or context.current.session_key != conversation.caller.session_key:
+                retry_dropped(lambda: context.start(conversation.caller.session_key, platform=PLATFORM))
+            sendable = retry_dropped(lambda: context.turn(messages))
+            return self._with_recall(conversation, list(sendable))
+
+    def _with_recall(self, conversation: Conversation, sendable: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The recall block on the newest user message (when it is the last message: a tool
+        round's continuation asks nothing new), and the remembered blocks on earlier ones."""
+        out = list(sendable)
+        last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+        for i, message in enumerate(out):
+            if message.get("role") != "user":
+                continue
+            digest = content_hash(message)
+            block = conversation.recalled.get(digest)
+            if block is None and i == last_user == len(out) - 1 and self.auto_recall:
+                found = recall_block(conversation.context, message,
+                                     max_tokens=self.config.auto_recall_max_tokens, context_messages=out)
+                conversation.context.last_recall = found.as_dict() | {"text": None}
+                block = found.text
+                conversation.recalled[digest] = block
+                while len(conversation.recalled) > RECALLED_PER_CONVERSATION:
+                    conversation.recalled.popitem(last=False)
+            if block:
+                out[i] = with_block(message, block)
+        return out
+
+    def keep(self, conversation: Conversation, messages: list[dict[str, Any]], answer: dict[str, Any] | None,
+             usage: Mapping[str, Any] | None) -> None:
+        """Store the answer the client received (after its request's messages), and what the
+        upstream said the prompt cost."""
+        with conversation.lock:
+            context = conversation.context
+            if usage:
+                context.observe_response(usage)
+            if answer is not None:
+                retry_dropped(lambda: context.ingest([*messages, answer]))
+
+    def run_locked(self, conversation: Conversation, action: Callable[[ContextSession], Any]) -> Any:
+        with conversation.lock:
+            return retry_dropped(lambda: action(conversation.context))
+
+
+def with_block(message: Mapping[str, Any], block: str) -> dict[str, Any]:
+    """A copy of the user message with the recall block after its text (lcm strips the block
+    from anything sent back, so it is never stored as conversation)."""
+    out = copy.copy(dict(message))
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [*content, {"type": "text", "text": block}]
+    else:
+        out["content"] = f"{content or ''}\n\n{block}"
+    return out
+
+
+def api_key_of(authorization: str | None) -> str | None:
+    """The key in an ``Authorization: Bearer <key>`` header (None for anything else)."""
+    if not authorization:
+        return None
+    scheme, _, key = authorization.partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None

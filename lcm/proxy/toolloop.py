@@ -1,0 +1,86 @@
+"""The lcm tools beside the client's: offered with every request, answered by the proxy.
+
+The model sees the client's tools and, after them (always in the same order, so the prompt
+prefix stays cacheable), lcm's, except any whose name a client tool already uses. When the
+model calls lcm tools only, the proxy runs them and asks the upstream again with their
+results, up to ``MAX_ROUNDS`` times; the client sees one answer.
+
+**A response that mixes lcm and client tool calls** goes to the client with its own calls
+only: the client can run nothing else, and the proxy cannot answer the client's calls. The lcm
+calls in it are dropped, not run (the model sees, on the next request, that it did not make
+them, and may make them again). Neither they nor the lcm rounds are stored: the stored
+conversation is what the client holds.
+
+Not offered when the request asks for several choices (``n`` > 1: which one would continue?)
+or names a tool it must call (``tool_choice`` naming a function), and never with ``--no-tools``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lcm.context.session import ContextSession
+from lcm.tools import TOOL_SCHEMAS, run_tool
+
+#: lcm tool rounds answered for one request before the model must answer without them.
+MAX_ROUNDS = 6
+LCM_TOOLS = frozenset(s["name"] for s in TOOL_SCHEMAS)
+
+
+def offer(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's tools with lcm's after them, or None when lcm's are not offered."""
+    if int(body.get("n") or 1) > 1:
+        return None
+    choice = body.get("tool_choice")
+    if choice == "none" or (isinstance(choice, Mapping) and choice.get("type") == "function"):
+        return None
+    own = list(body.get("tools") or [])
+    taken = {((t.get("function") or {}).get("name")) for t in own if isinstance(t, Mapping)}
+    return own + [{"type": "function", "function": dict(s)} for s in TOOL_SCHEMAS if s["name"] not in taken]
+
+
+def offered_names(tools: Sequence[Mapping[str, Any]] | None, body: Mapping[str, Any]) -> frozenset[str]:
+    """The lcm tools of ``tools`` the client did not bring itself."""
+    if tools is None:
+        return frozenset()
+    own = {((t.get("function") or {}).get("name")) for t in body.get("tools") or () if isinstance(t, Mapping)}
+    return frozenset(LCM_TOOLS - own)
+
+
+def split_calls(calls: Sequence[Mapping[str, Any]] | None, lcm_names: frozenset[str],
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the calls of lcm tools, the client's calls)."""
+    mine: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    for call in calls or ():
+        name = (call.get("function") or {}).get("name")
+        (mine if name in lcm_names else theirs).append(dict(call))
+    return mine, theirs
+
+
+def answer(context: ContextSession, calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The tool messages answering lcm calls (a tool's error is its answer, as in any host)."""
+    out = []
+    for call in calls:
+        fn = call.get("function") or {}
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError as exc:
+            result = json.dumps({"error": f"{fn.get('name')}: the arguments are not valid JSON ({exc})"})
+        else:
+            result = (run_tool(context, str(fn.get("name")), args) if isinstance(args, dict)
+                      else json.dumps({"error": f"{fn.get('name')}: the arguments must be a JSON object"}))
+        out.append({"role": "tool", "tool_call_id": call.get("id"), "content": result})
+    return out
+
+
+def client_message(message: Mapping[str, Any], client_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message as the client gets it: its own tool calls only."""
+    out = dict(message)
+    if client_calls:
+        out["tool_calls"] = client_calls
+    else:
+        out.pop("tool_calls", None)
+    return out

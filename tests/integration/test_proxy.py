@@ -1,0 +1,298 @@
+"""``lcm proxy`` with real clients (the ``openai`` package and raw httpx) against a scripted
+OpenAI-compatible upstream on 127.0.0.1: storage exactly once, streaming, the lcm tool loop,
+errors and timeouts, and isolation between agents."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from lcm.store import Store
+from tests.support.llm_server import Reply, ScriptedLLM, completion, error, tool_call
+from tests.support.proxy_server import ProxyThread
+
+SUMMARY_PROMPTS = ("You write the memory", "You maintain the long-term memory")
+
+
+def is_summary_call(body: dict[str, Any]) -> bool:
+    return ScriptedLLM.system_prompt(body).startswith(SUMMARY_PROMPTS)
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    """The scripted model: summaries when lcm asks for one, else 'echo: <last user text>'."""
+    if is_summary_call(body):
+        return completion("Summary: the user and the assistant talked.")
+    return completion(f"echo: {ScriptedLLM.last_user(body)[:80]}", prompt_tokens=100, completion_tokens=5,
+                      prompt_tokens_details={"cached_tokens": 64})
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScriptedLLM]:
+    server = ScriptedLLM(handler=echo)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def proxy(store: Store, upstream: ScriptedLLM) -> Iterator[ProxyThread]:
+    running = ProxyThread(store, upstream.url)
+    yield running
+    running.close()
+
+
+def client_of(proxy: ProxyThread, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.url, api_key="sk-client-secret-123", default_headers=headers or None,
+                         max_retries=0, timeout=30)
+
+
+def stored(store: Store, agent: str, key: str) -> list[dict[str, Any]]:
+    session = store.sessions.find(agent, key)
+    assert session is not None, f"no session {key!r} of {agent!r}"
+    return [r.message for r in store.messages.get_range(session.id, limit=100_000)]
+
+
+def chat_requests(upstream: ScriptedLLM) -> list[dict[str, Any]]:
+    return [b for b in upstream.requests if not is_summary_call(b)]
+
+
+def test_a_conversation_is_stored_once_and_the_key_goes_upstream_untouched(store, upstream, proxy, db_url):
+    client = client_of(proxy, **{"X-LCM-Session": "chat-1"})
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for question in ("where is the parcel?", "and the invoice?", "thanks"):
+        history.append({"role": "user", "content": question})
+        answer = client.chat.completions.create(model="gpt-4o", messages=history)
+        assert answer.choices[0].message.content == f"echo: {question}"
+        assert answer.usage.prompt_tokens_details.cached_tokens == 64
+        history.append(answer.choices[0].message.model_dump(exclude_none=True))
+    rows = stored(store, "default", "chat-1")
+    assert [(m["role"], m.get("content")) for m in rows] == [
+        (m["role"], m.get("content")) for m in history if m["role"] != "system"]
+    assert all(h.get("authorization") == "Bearer sk-client-secret-123"
+               for h in (dict((k.lower(), v) for k, v in hs.items()) for hs in upstream.headers))
+    assert all("x-lcm-session" not in (k.lower() for k in hs) for hs in upstream.headers)
+    if db_url.startswith("sqlite"):  # the key is nowhere in the database file
+        path = Path(db_url.removeprefix("sqlite:///"))
+        for file in path.parent.glob(path.name + "*"):
+            assert b"sk-client-secret-123" not in file.read_bytes()
+    # every upstream call got the client's messages (nothing to compact) and lcm's tools after its own
+    sent = chat_requests(upstream)[-1]
+    assert [m["content"].split("\n\n<lcm_recall")[0] for m in sent["messages"] if m["role"] == "user"] == [
+        "where is the parcel?", "and the invoice?", "thanks"]
+    assert {t["function"]["name"] for t in sent["tools"]} >= {"lcm_grep", "lcm_expand", "lcm_describe"}
+
+
+def test_conversations_without_a_session_header_are_known_by_their_opening(store, upstream, proxy):
+    client = client_of(proxy)
+    first = [{"role": "user", "content": "plan the trip to Lisbon"}]
+    reply = client.chat.completions.create(model="gpt-4o", messages=first)
+    second = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
+              {"role": "user", "content": "book the train"}]
+    client.chat.completions.create(model="gpt-4o", messages=second)
+    other = [{"role": "user", "content": "review my essay"}]
+    client.chat.completions.create(model="gpt-4o", messages=other)
+    keys = sorted(s.session_key for s in store.sessions.each("default"))
+    assert len(keys) == 2 and all(k.startswith("proxy-") for k in keys)
+    sizes = sorted(len(stored(store, "default", k)) for k in keys)
+    assert sizes == [2, 4]
+
+
+def test_streamed_answers_arrive_in_order_with_usage_and_are_stored(store, upstream, proxy):
+    long_text = "word " * 300  # several content chunks
+    upstream.handler = lambda body: echo(body) if is_summary_call(body) else completion(
+        long_text, prompt_tokens=50, completion_tokens=300, prompt_tokens_details={"cached_tokens": 32})
+    client = client_of(proxy, **{"X-LCM-Session": "s"})
+    history = [{"role": "user", "content": "tell me a long story"}]
+    stream = client.chat.completions.create(model="gpt-4o", messages=history, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == long_text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 300
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert stored(store, "default", "s")[-1] == {"role": "assistant", "content": long_text}
+    history.append({"role": "assistant", "content": long_text})
+    history.append({"role": "user", "content": "shorter please"})
+    list(client.chat.completions.create(model="gpt-4o", messages=history, stream=True))
+    assert [m["role"] for m in stored(store, "default", "s")] == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_the_proxy_answers_lcm_tool_calls_and_the_client_sees_one_answer(store, upstream, proxy, streamed):
+    """The model calls lcm_grep; the proxy runs it, asks again with the result; the client gets
+    the final text only, and the stored conversation holds no lcm round."""
+    client = client_of(proxy, **{"X-LCM-Session": "tools"})
+    history: list[dict[str, Any]] = [{"role": "user", "content": "the ferry code is QX-7781"}]
+    history.append(client.chat.completions.create(model="gpt-4o", messages=history).choices[0]
+                   .message.model_dump(exclude_none=True))
+
+    def model(body: dict[str, Any]) -> Reply:
+        if is_summary_call(body):
+            return echo(body)
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            found = json.loads(last["content"])
+            return completion("found: " + " | ".join(r["snippet"] for r in found["results"]))
+        return completion(None, tool_calls=[tool_call("lcm_grep", {"query": "ferry code"}, "call_1")])
+
+    upstream.handler = model
+    history.append({"role": "user", "content": "what was the ferry code?"})
+    own_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    if streamed:
+        chunks = list(client.chat.completions.create(model="gpt-4o", messages=history, tools=[own_tool],
+                                                     stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert len({c.id for c in chunks}) == 1
+    else:
+        answer = client.chat.completions.create(model="gpt-4o", messages=history, tools=[own_tool])
+        assert answer.choices[0].message.tool_calls is None
+        assert answer.choices[0].finish_reason == "stop"
+        text = answer.choices[0].message.content
+    assert "QX-7781" in text
+    calls = chat_requests(upstream)[-2:]
+    assert [t["function"]["name"] for t in calls[0]["tools"]][0] == "get_weather"
+    assert calls[1]["messages"][-1]["role"] == "tool" and calls[1]["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+    rows = stored(store, "default", "tools")
+    assert [m["role"] for m in rows] == ["user", "assistant", "user", "assistant"]
+    assert "QX-7781" in rows[-1]["content"] and "tool_calls" not in rows[-1]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+def test_a_response_mixing_lcm_and_client_calls_reaches_the_client_with_its_own_calls(store, upstream, proxy,
+                                                                                       streamed):
+    upstream.handler = lambda body: echo(body) if is_summary_call(body) else completion(None, tool_calls=[
+        tool_call("lcm_grep", {"query": "x"}, "call_lcm"), tool_call("get_weather", {"city": "Oslo"}, "call_own")])
+    client = client_of(proxy, **{"X-LCM-Session": "mixed"})
+    own_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    messages = [{"role": "user", "content": "weather in Oslo?"}]
+    if streamed:
+        chunks = list(client.chat.completions.create(model="gpt-4o", messages=messages, tools=[own_tool],
+                                                     stream=True))
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("call_own", "get_weather", {"city": "Oslo"})]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    else:
+        answer = client.chat.completions.create(model="gpt-4o", messages=messages, tools=[own_tool])
+        assert [c.id for c in answer.choices[0].message.tool_calls] == ["call_own"]
+        assert answer.choices[0].finish_reason == "tool_calls"
+    assert len(chat_requests(upstream)) == 1  # the lcm call was not run
+    assert [c["id"] for c in stored(store, "default", "mixed")[-1]["tool_calls"]] == ["call_own"]
+
+
+def test_provider_errors_come_back_with_their_status_and_body(store, upstream, proxy):
+    upstream.handler = lambda body: error(429, "slow down: rate limit reached")
+    with pytest.raises(openai.RateLimitError) as caught:
+        client_of(proxy).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 429 and "slow down" in str(caught.value)
+    raw = httpx.post(proxy.url + "/chat/completions", json={
+        "model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert raw.status_code == 429 and raw.json()["error"]["message"] == "slow down: rate limit reached"
+
+
+@pytest.mark.parametrize("body,param", [
+    (b"{not json", None),
+    (b"[]", None),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), "model"),
+    (json.dumps({"model": "m", "messages": []}).encode(), "messages"),
+    (json.dumps({"model": "m", "messages": ["hello"]}).encode(), "messages[0]"),
+    (json.dumps({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages[0].role"),
+    (json.dumps({"model": "m", "messages": [{"role": "tool", "content": "x"}]}).encode(),
+     "messages[0].tool_call_id"),
+    (json.dumps({"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}).encode(), "stream"),
+])
+def test_malformed_requests_get_the_apis_400_and_never_reach_the_upstream(store, upstream, proxy, body, param):
+    answer = httpx.post(proxy.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400
+    problem = answer.json()["error"]
+    assert problem["type"] == "invalid_request_error" and problem["param"] == param and problem["message"]
+    assert upstream.requests == []
+
+
+def test_openai_raises_bad_request_for_a_malformed_message(store, upstream, proxy):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_of(proxy).chat.completions.create(model="gpt-4o", messages=[{"role": "wizard", "content": "x"}])
+    assert "role" in str(caught.value)
+
+
+def test_an_upstream_that_hangs_costs_a_504_after_the_timeout(store, upstream):
+    upstream.handler = lambda body: Reply(200, {"choices": []}, delay=5.0)
+    running = ProxyThread(store, upstream.url, timeout=1.0)
+    try:
+        answer = httpx.post(running.url + "/chat/completions", timeout=30, json={
+            "model": "gpt-4o", "messages": [{"role": "user", "content": "anyone there?"}]})
+        assert answer.status_code == 504 and answer.json()["error"]["code"] == "timeout"
+        # what the client sent is kept: its retry stores nothing twice
+        upstream.handler = echo
+        again = httpx.post(running.url + "/chat/completions", timeout=30, json={
+            "model": "gpt-4o", "messages": [{"role": "user", "content": "anyone there?"}]})
+        assert again.status_code == 200
+        (session,) = list(store.sessions.each("default"))
+        assert [m["role"] for m in stored(store, "default", session.session_key)] == ["user", "assistant"]
+    finally:
+        running.close()
+
+
+def test_models_are_passed_through(store, upstream, proxy):
+    listed = client_of(proxy).models.list()
+    assert [m.id for m in listed.data] == ["scripted"]
+
+
+def test_two_agents_never_see_each_others_history(store, upstream, proxy):
+    """Adversarial: agent B opens its conversation exactly like agent A's, uses the same session
+    key, and asks lcm_grep for A's secret; nothing of A reaches B's model or B's answers."""
+    secret = "the vault combination is 44-19-3"
+    a = client_of(proxy, **{"X-LCM-Agent": "alice", "X-LCM-Session": "shared-key"})
+    b = client_of(proxy, **{"X-LCM-Agent": "bob", "X-LCM-Session": "shared-key"})
+    opening = [{"role": "system", "content": "You are a helpful assistant."}]
+    a.chat.completions.create(model="gpt-4o", messages=[*opening, {"role": "user", "content": secret}])
+
+    def model(body: dict[str, Any]) -> Reply:
+        if is_summary_call(body):
+            return echo(body)
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return completion("tool said: " + last["content"])
+        return completion(None, tool_calls=[tool_call("lcm_grep", {"query": "vault combination",
+                                                                    "session_scope": "all"}, "c1")])
+
+    upstream.handler = model
+    before = len(upstream.requests)
+    answer = b.chat.completions.create(model="gpt-4o", messages=[
+        *opening, {"role": "user", "content": "what is the vault combination?"}])
+    assert "44-19-3" not in (answer.choices[0].message.content or "")
+    assert all("44-19-3" not in json.dumps(body) for body in upstream.requests[before:])
+    assert all("44-19-3" not in json.dumps(m) for m in stored(store, "bob", "shared-key"))
+    assert any("44-19-3" in json.dumps(m) for m in stored(store, "alice", "shared-key"))
+
+
+def test_with_a_token_map_the_token_decides_the_agent(store, upstream):
+    tokens = {"alice-token-0123456789": "alice", "bob-token-0123456789ab": "bob"}
+    running = ProxyThread(store, upstream.url, tokens=tokens)
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}
+    try:
+        missing = httpx.post(running.url + "/chat/completions", json=body)
+        assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
+        wrong = httpx.post(running.url + "/chat/completions", json=body, headers={"X-LCM-Token": "guess-guess-guess"})
+        assert wrong.status_code == 401
+        forged = httpx.post(running.url + "/chat/completions", json=body,
+                            headers={"X-LCM-Token": "bob-token-0123456789ab", "X-LCM-Agent": "alice"})
+        assert forged.status_code == 403
+        by_path = openai.OpenAI(base_url=running.url.replace("/v1", "/t/alice-token-0123456789/v1"),
+                                api_key="sk-x", max_retries=0)
+        by_path.chat.completions.create(model="gpt-4o", messages=body["messages"])
+        by_header = httpx.post(running.url + "/chat/completions", json=body,
+                               headers={"X-LCM-Token": "bob-token-0123456789ab"})
+        assert by_header.status_code == 200
+        assert [s.agent for s in (*store.sessions.each("alice"), *store.sessions.each("bob"))] == ["alice", "bob"]
+        assert upstream.requests and httpx.get(running.url + "/models").status_code == 401
+    finally:
+        running.close()
