@@ -94,6 +94,10 @@ class ContextSession(Turns):
         #: Tokens the host adds around the transcript (its tools, its framing), learned from
         #: the prompt sizes it reports.
         self.overhead = 0
+        #: Set by a host that knows its overhead exactly (lcm proxy: the tools it adds and the
+        #: recall block's room), which then is not learned from the prompt sizes reported: a
+        #: proxy's upstream reports the size of lcm's assembled prompt, not of what its client sent.
+        self.fixed_overhead: int | None = None
         self._store = store
         self._open_store = open_store
         self._summarizer = summarizer

@@ -62,6 +62,7 @@ class Turns(ABC):
     rule: Rule
     compactions: int
     overhead: int
+    fixed_overhead: int | None
     last_outcome: dict[str, Any] | None
     clock: Callable[[], float]
     last_request_at: float | None
@@ -294,7 +295,9 @@ class Turns(ABC):
         input_tokens = sys_tokens + sum(seen.token_counts) + sum(
             tokens.count_message_text(message_text(m)) for m in own_summaries)
         host_total = current_tokens if current_tokens else max(self.usage.prompt_tokens, 0)
-        if host_total:
+        if self.fixed_overhead is not None:  # a host that knows what it adds (lcm proxy)
+            self.overhead = self.fixed_overhead
+        elif host_total:
             self.overhead = max(0, int(host_total) - input_tokens)
         return sys_tokens, self.overhead + input_tokens
 

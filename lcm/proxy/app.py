@@ -134,9 +134,12 @@ class _Proxy:
             return _error(exc)
         conversation = await run_in_threadpool(self.conversations.get, caller, body["model"])
         client_messages: list[dict[str, Any]] = body["messages"]
+        with_lcm = toolloop.offer(body) if self.settings.tools else None
+        tools = with_lcm if with_lcm is not None else body.get("tools")
         try:
             sendable = await run_in_threadpool(self.conversations.prepare, conversation, client_messages,
-                                               body["model"], api_key_of(request.headers.get("authorization")))
+                                               body["model"], api_key_of(request.headers.get("authorization")),
+                                               tools)
         except DatabaseUnavailableError as exc:
             return JSONResponse(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
                                            "was sent to the model: retry shortly", kind="server_error",
@@ -144,11 +147,10 @@ class _Proxy:
         except LcmError as exc:
             return JSONResponse(error_body(f"lcm could not store this conversation: {exc}", kind="server_error",
                                            code="lcm_error"), status_code=500)
-        tools = toolloop.offer(body) if self.settings.tools else None
         upstream = {**body, "messages": sendable}
         if tools is not None:
             upstream["tools"] = tools
-        turn = _Turn(conversation, client_messages, upstream, toolloop.offered_names(tools, body),
+        turn = _Turn(conversation, client_messages, upstream, toolloop.offered_names(with_lcm, body),
                      self._forwarded(request))
         if body.get("stream"):
             return await self._stream(turn)

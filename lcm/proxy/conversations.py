@@ -21,6 +21,8 @@ memory and the usage counters are lost).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -36,6 +38,7 @@ from lcm.errors import retry_dropped
 from lcm.messages import content_hash
 from lcm.proxy.callers import Caller
 from lcm.proxy.windows import Windows
+from lcm.tokens import TokenCounter
 from lcm.tools.autorecall import recall_block
 
 #: Conversations kept open at once (least recently used dropped first).
@@ -73,6 +76,8 @@ class Conversations:
         self.auto_recall = config.auto_recall if auto_recall is None else auto_recall
         self._open: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._lock = threading.Lock()
+        self._tool_sizes: dict[str, int] = {}
+        self.tokens = TokenCounter()
 
     def get(self, caller: Caller, model: str) -> Conversation:
         key = (caller.agent, caller.session_key)
@@ -107,11 +112,14 @@ class Conversations:
     # ------------------------------------------------------------------ a request
 
     def prepare(self, conversation: Conversation, messages: list[dict[str, Any]], model: str,
-                api_key: str | None) -> list[dict[str, Any]]:
-        """Store the client's messages and return what the upstream gets (see the module)."""
+                api_key: str | None, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Store the client's messages and return what the upstream gets (see the module).
+        ``tools``: what the upstream is offered (its size is part of every prompt)."""
+        overhead = self._tools_tokens(tools) + (self.config.auto_recall_max_tokens if self.auto_recall else 0)
         with conversation.lock:
             conversation.api_key = api_key
             context = conversation.context
+            context.fixed_overhead = overhead
             if model != conversation.model:
                 conversation.model = model
                 context.set_model(model, self.windows.of(model))
@@ -119,6 +127,22 @@ class Conversations:
                 retry_dropped(lambda: context.start(conversation.caller.session_key, platform=PLATFORM))
             sendable = retry_dropped(lambda: context.turn(messages))
             return self._with_recall(conversation, list(sendable))
+
+    def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
+        """Tokens of the tools' definitions as the upstream gets them (remembered per set)."""
+        if not tools:
+            return 0
+        rendered = json.dumps(tools, sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha256(rendered.encode()).hexdigest()
+        with self._lock:
+            known = self._tool_sizes.get(key)
+        if known is None:
+            known = self.tokens.count_text(rendered)
+            with self._lock:
+                if len(self._tool_sizes) > 256:
+                    self._tool_sizes.clear()
+                self._tool_sizes[key] = known
+        return known
 
     def _with_recall(self, conversation: Conversation, sendable: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The recall block on the newest user message (when it is the last message: a tool

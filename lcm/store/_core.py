@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
@@ -157,6 +158,8 @@ class StoreCore:
         self.engine = engine
         self.backend: Backend = backend_for_url(url)
         self._agents: dict[str, int] = {}
+        #: Agents a write transaction created and has not committed yet (see agent_pk).
+        self._uncommitted_agents: weakref.WeakKeyDictionary[Connection, set[str]] = weakref.WeakKeyDictionary()
         self._agent_names: dict[int, str] = {}
         self._session_agents: dict[int, int] = {}
         #: Fault injection for tests: called with a step name inside write transactions.
@@ -332,14 +335,25 @@ class StoreCore:
         pk = self._agents.get(agent)
         if pk is not None:
             return pk
-        pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar()
-        if pk is None and create:
+        found = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar()
+        if found is None and create:
             self.backend.insert_ignore(conn, agents_t, [{"name": agent, "created_at": time.time()}], ["name"])
-            pk = conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar_one()
-        if pk is not None:
-            self._agents[agent] = pk
-            self._agent_names[pk] = agent
-        return pk
+            created = int(conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar_one())
+            # Remembered for the process only once committed: another thread given the id of
+            # a row this transaction has not committed yet fails its foreign key (found by 64
+            # proxy clients creating their agents at once), and a rollback would leave it stale.
+            self._uncommitted_agents.setdefault(conn, set()).add(agent)
+            event.listen(conn, "commit", lambda _conn: self._remember_agent(agent, created), once=True)
+            return created
+        if found is None:
+            return None
+        if agent not in self._uncommitted_agents.get(conn, ()):
+            self._remember_agent(agent, int(found))
+        return int(found)
+
+    def _remember_agent(self, agent: str, pk: int) -> None:
+        self._agents[agent] = pk
+        self._agent_names[pk] = agent
 
     def agent_name(self, conn: Connection, agent_pk: int) -> str:
         name = self._agent_names.get(agent_pk)

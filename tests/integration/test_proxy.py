@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from lcm.messages import RECALL_OPEN
 from lcm.store import Store
 from tests.support.llm_server import Reply, ScriptedLLM, completion, error, tool_call
 from tests.support.proxy_server import ProxyThread
@@ -28,7 +29,8 @@ def echo(body: dict[str, Any]) -> Reply:
     """The scripted model: summaries when lcm asks for one, else 'echo: <last user text>'."""
     if is_summary_call(body):
         return completion("Summary: the user and the assistant talked.")
-    return completion(f"echo: {ScriptedLLM.last_user(body)[:80]}", prompt_tokens=100, completion_tokens=5,
+    asked = ScriptedLLM.last_user(body).split("\n\n" + RECALL_OPEN)[0]  # without lcm's recall block
+    return completion(f"echo: {asked[:80]}", prompt_tokens=100, completion_tokens=5,
                       prompt_tokens_details={"cached_tokens": 64})
 
 
@@ -296,3 +298,142 @@ def test_with_a_token_map_the_token_decides_the_agent(store, upstream):
         assert upstream.requests and httpx.get(running.url + "/models").status_code == 401
     finally:
         running.close()
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """What an upstream request costs in tokens: every message's text and calls (4 tokens of
+    framing each) and the tools' definitions."""
+    from lcm.tokens import TokenCounter
+
+    count = TokenCounter().count_text
+    total = 0
+    for m in body["messages"]:
+        content = m.get("content")
+        total += 4 + count(content if isinstance(content, str) else json.dumps(content or ""))
+        if m.get("tool_calls"):
+            total += count(json.dumps(m["tool_calls"]))
+    return total + (count(json.dumps(body["tools"])) if body.get("tools") else 0)
+
+
+FILLER = ("We compared the {n}th batch of sensor readings against the baseline; the drift stayed "
+          "within tolerance, humidity rose slightly, the pump cycled {n} times, the operator logged "
+          "routine maintenance notes about gaskets, valves, filters and the cooling loop, and nothing "
+          "unusual turned up in the afternoon inspection round number {n}. ") * 3
+
+
+def test_two_hundred_turns_on_a_16k_window_stay_within_it_and_an_early_fact_comes_back(store, upstream):
+    """A client that re-sends its whole history every turn, 200 turns, ~45k tokens of it: every
+    upstream prompt fits the 16k window (lcm compacts through the upstream's own model, with the
+    client's key), everything is stored once, and the fact from turn 1 reaches the model at turn 200."""
+    import re
+
+    window = 16_000
+
+    def model(body: dict[str, Any]) -> Reply:
+        if is_summary_call(body):
+            return completion("Summary: routine sensor checks and maintenance notes, nothing unusual.")
+        asked = ScriptedLLM.last_user(body)
+        if "locker code" in asked.lower() and "?" in asked:
+            seen = re.search(r"\d{4}-alpha", json.dumps(body["messages"]))
+            return completion(f"Your locker code is {seen.group(0)}." if seen else "I do not know.")
+        return completion("Noted.")
+
+    upstream.handler = model
+    running = ProxyThread(store, upstream.url, context_length=window)
+    try:
+        client = client_of(running, **{"X-LCM-Session": "long"})
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You are a lab assistant."},
+                                         {"role": "user", "content": "Remember this: my locker code is 7319-alpha."}]
+        for turn in range(200):
+            if turn:
+                history.append({"role": "user", "content": FILLER.format(n=turn)})
+            if turn == 199:
+                history[-1] = {"role": "user", "content": "What is my locker code?"}
+            answer = client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append({"role": "assistant", "content": answer.choices[0].message.content})
+        assert history[-1]["content"] == "Your locker code is 7319-alpha."
+    finally:
+        running.close()
+    chats = chat_requests(upstream)
+    assert len(chats) == 200
+    sizes = [prompt_tokens(b) for b in chats]
+    assert max(sizes) <= window, f"an upstream prompt of {max(sizes)} tokens"
+    assert prompt_tokens({"messages": history}) > 2.5 * window  # the client's history is far larger
+    summaries = [(b, h) for b, h in zip(upstream.requests, upstream.headers, strict=True) if is_summary_call(b)]
+    assert summaries, "compaction never asked the upstream for a summary"
+    assert all(b["model"] == "gpt-4o" and {k.lower(): v for k, v in h.items()}["authorization"]
+               == "Bearer sk-client-secret-123" for b, h in summaries)
+    rows = stored(store, "default", "long")
+    assert [(m["role"], m["content"]) for m in rows] == [(m["role"], m["content"]) for m in history[1:]]
+    session = store.sessions.find("default", "long")
+    assert session.covered_seq > 0  # compacted
+
+
+@pytest.mark.slow
+def test_kill_9_mid_stream_then_the_clients_retry_loses_nothing_and_stores_nothing_twice(db_url, upstream):
+    from lcm.store import Store
+    from tests.support.proxy_server import ProxyProcess
+
+    story = "chunk of a long answer " * 100  # 12 events of 200 characters
+    upstream.handler = lambda body: echo(body) if is_summary_call(body) else Reply(
+        200, completion(story).body, drip=0.3)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "tell me the long story"}]
+    body = {"model": "gpt-4o", "stream": True, "messages": history}
+    headers = {"X-LCM-Session": "crash", "Authorization": "Bearer sk-test"}
+    Store.open(db_url, upgrade=True)  # PostgreSQL: the operator's `lcm db upgrade`
+    first = ProxyProcess(db_url, upstream.url)
+    try:
+        with httpx.stream("POST", first.url + "/chat/completions", json=body, headers=headers, timeout=30) as answer:
+            assert answer.status_code == 200
+            lines = answer.iter_lines()
+            got = [next(lines) for _ in range(6)]  # some events of the stream arrived
+            assert any("chunk of a long answer" in line for line in got)
+            first.kill()
+            with pytest.raises(httpx.HTTPError):
+                for _ in lines:
+                    pass
+    finally:
+        first.close()
+    upstream.handler = lambda body: echo(body) if is_summary_call(body) else completion(story)
+    second = ProxyProcess(db_url, upstream.url)
+    try:
+        retried = openai.OpenAI(base_url=second.url, api_key="sk-test", max_retries=0,
+                                default_headers={"X-LCM-Session": "crash"})
+        chunks = list(retried.chat.completions.create(model="gpt-4o", messages=history, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == story
+    finally:
+        second.close()
+    store = Store.open(db_url)
+    assert [(m["role"], m["content"]) for m in stored(store, "default", "crash")] == [
+        ("user", "tell me the long story"), ("assistant", story)]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_sixty_four_concurrent_clients_on_one_postgresql_database(pg_url, upstream):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store.open(pg_url, upgrade=True)
+    running = ProxyThread(store, upstream.url)
+    turns = 4
+
+    def client(i: int) -> list[dict[str, Any]]:
+        history: list[dict[str, Any]] = []
+        with httpx.Client(timeout=120) as http:
+            for t in range(turns):
+                history.append({"role": "user", "content": f"client {i} asks question {t}"})
+                answer = http.post(running.url + "/chat/completions", json={"model": "gpt-4o", "messages": history},
+                                   headers={"X-LCM-Session": f"c{i}", "X-LCM-Agent": f"agent-{i % 8}"})
+                assert answer.status_code == 200, answer.text
+                history.append(answer.json()["choices"][0]["message"])
+        return history
+
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            histories = list(pool.map(client, range(64)))
+    finally:
+        running.close()
+    for i, history in enumerate(histories):
+        assert history[-1]["content"] == f"echo: client {i} asks question {turns - 1}"
+        rows = stored(store, f"agent-{i % 8}", f"c{i}")
+        assert [(m["role"], m["content"]) for m in rows] == [(m["role"], m["content"]) for m in history]

@@ -84,3 +84,37 @@ def test_a_process_killed_between_summary_and_edges_leaves_neither(db_url):
     again = store.summaries.write(session.id, NewSummary(depth=0, content="fine now", token_count=1,
                                                        source_ids=tuple(ids[:4]), kind="extractive")).node
     assert store.summaries.source_ids(again.id) == ids[:4]
+
+
+def test_an_agent_created_by_a_transaction_is_shared_only_once_committed(db_url):
+    """Threads of one process share the agents' row ids; an id from a transaction that has not
+    committed (or rolled back) must not reach another thread: its session insert would fail
+    the foreign key (64 proxy clients creating their agents at once did)."""
+    import threading
+
+    store = Store.open(db_url, upgrade=True)
+    core = store.sessions._core
+    with pytest.raises(RuntimeError):
+        with core.write() as conn:
+            core.agent_pk(conn, "fresh", create=True)
+            assert core.agent_pk(conn, "fresh", create=False) is not None  # its own transaction sees it
+            raise RuntimeError("roll back")
+    assert "fresh" not in core._agents
+    session = store.sessions.get_or_create("fresh", "s")  # created again, for real this time
+    assert store.sessions.find("fresh", "s") == session and core._agents["fresh"] == session.agent_pk
+
+    errors: list[BaseException] = []
+
+    def make(i: int) -> None:
+        try:
+            store.sessions.get_or_create(f"agent-{i % 3}", f"s{i}")
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(len(list(store.sessions.each(f"agent-{a}"))) for a in range(3)) == [8, 8, 8]

@@ -21,7 +21,7 @@ class Reply:
     status: int = 200
     body: Any = None  # dict -> JSON; str -> raw text
     delay: float = 0.0
-    drip: float = 0.0  # seconds between bytes of the body (a server that dribbles its answer)
+    drip: float = 0.0  # seconds between bytes of the body, or between a stream's events
     close: bool = False  # close the connection without answering
 
 
@@ -116,11 +116,11 @@ class ScriptedLLM:
                     return
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    self._stream(reply.body, include_usage=usage)
+                    self._stream(reply.body, include_usage=usage, pause=reply.drip)
                 else:
                     self._send(reply)
 
-            def _stream(self, completion_body: dict[str, Any], include_usage: bool) -> None:
+            def _stream(self, completion_body: dict[str, Any], include_usage: bool, pause: float = 0.0) -> None:
                 """The same completion as server-sent events, the way OpenAI streams it."""
                 try:
                     self.send_response(200)
@@ -129,6 +129,9 @@ class ScriptedLLM:
                     self.end_headers()
                     for chunk in stream_chunks(completion_body, include_usage):
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        if pause:
+                            self.wfile.flush()
+                            time.sleep(pause)
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
