@@ -16,8 +16,8 @@ from lcm.errors import ConfigError
 
 
 @click.command("proxy")
-@click.option("--upstream", required=True, metavar="URL", envvar="LCM_PROXY_UPSTREAM",
-              help="The provider's OpenAI-compatible base URL, e.g. https://api.openai.com/v1 ($LCM_PROXY_UPSTREAM).")
+@click.option("--upstream", required=True, metavar="URL",
+              help="The provider's OpenAI-compatible base URL, e.g. https://api.openai.com/v1.")
 @url_option
 @agent_option
 @json_option
@@ -40,6 +40,7 @@ def proxy_command(upstream: str, url: str | None, agent: str, as_json: bool, hos
                   no_tools: bool) -> None:
     """Serve the OpenAI chat API on HOST:PORT in front of --upstream: every message stored once,
     the model handed lcm's context within its window, the lcm tools and auto-recall added.
+
     Clients set their base URL to http://HOST:PORT/v1; their API key goes upstream untouched.
     --json prints the address as JSON, then serves."""
     if find_spec("starlette") is None or find_spec("uvicorn") is None:

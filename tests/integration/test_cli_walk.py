@@ -58,6 +58,7 @@ RUNS: dict[tuple[str, ...], list[str]] = {
     ("sessions",): [],
     ("status",): [],
     ("ui",): ["--host", "203.0.113.7", "--no-browser"],  # not an address of this machine: refused
+    ("proxy",): ["--upstream", "ftp://example.org/v1"],  # not an http(s) URL: refused
 }
 
 

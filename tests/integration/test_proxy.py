@@ -437,3 +437,27 @@ def test_sixty_four_concurrent_clients_on_one_postgresql_database(pg_url, upstre
         assert history[-1]["content"] == f"echo: client {i} asks question {turns - 1}"
         rows = stored(store, f"agent-{i % 8}", f"c{i}")
         assert [(m["role"], m["content"]) for m in rows] == [(m["role"], m["content"]) for m in history]
+
+
+def test_listening_beyond_loopback_needs_a_token_and_a_private_token_map(sqlite_url, upstream, tmp_path):
+    from tests.support.proxy_server import ProxyProcess
+
+    public = ProxyProcess(sqlite_url, upstream.url, "--host", "0.0.0.0")
+    try:
+        token = public.info["token"]
+        assert len(token) >= 24 and public.info["agents_by_token"] == ["default"]
+        local = f"http://127.0.0.1:{public.url.rsplit(':', 1)[1]}"
+        body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(local + "/chat/completions", json=body).status_code == 401
+        assert httpx.post(local.replace("/v1", f"/t/{token}/v1") + "/chat/completions", json=body).status_code == 200
+    finally:
+        public.close()
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"a-long-enough-token-123": "alice"}))
+    tokens.chmod(0o644)
+    import subprocess
+    import sys
+
+    refused = subprocess.run([sys.executable, "-m", "lcm", "proxy", "--upstream", upstream.url, "--url", sqlite_url,
+                              "--tokens", str(tokens), "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and f"chmod 600 {tokens}" in refused.stderr
