@@ -15,6 +15,7 @@
     python -m benchmarks --only server_cost --backend postgresql  # what the server spends per turn
     python -m benchmarks --only pooler --backend postgresql       # 500 agent connections through PgBouncer
     python -m benchmarks --large-only --only scale   # 10M messages: search, turns, start-up, doctor, forget
+    python -m benchmarks --only proxy     # lcm proxy's added latency and throughput, against the upstream direct
     python -m benchmarks --backend sqlite --only search,startup --json results.json
     python -m benchmarks.report results.json   # the same tables as Markdown (docs/benchmarks.md)
 
@@ -61,6 +62,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "pooler": [{"agents": 12, "processes": 2, "turns": 3, "pool_size": 2, "think_s": 0.1}],
         "scale": [{"agents": 6, "per_agent": 400, "big": 2_000, "templates": 3, "runs": 3, "recall_sample": 5,
                    "startups": 1}],
+        "proxy": [{"sizes": [200], "runs": 4, "concurrency": [1, 2], "seconds": 1.0}],
     },
     "default": {
         "ingest": [{"turns": 1_000, "bulk_messages": 20_000}],
@@ -79,6 +81,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "server_cost": [{"turns": 300, "repeats": 5}],
         "pooler": [{"agents": 500, "processes": 10, "turns": 6, "pool_size": 10, "think_s": 10.0}],
         "scale": [],  # ten million messages: --large only
+        "proxy": [{"sizes": [1_000, 100_000], "runs": 60, "concurrency": [1, 4, 16, 64], "seconds": 10.0}],
     },
 }
 #: Phases that drive hermes-agent (Hermes' own compressor side by side with lcm): they run in

@@ -449,10 +449,33 @@ def scale(results: list[dict[str, Any]]) -> list[TableSpec]:
     return specs
 
 
+def proxy(results: list[dict[str, Any]]) -> list[TableSpec]:
+    latency = TableSpec("lcm proxy: latency (ms, p50 / p95) against the upstream direct, same run",
+                        ["backend", "stored", "target", "request", "first streamed chunk",
+                         "added p50 (request / chunk)"],
+                        left=["target"], notes=["goal: <= 5 ms p50 added at 100k stored messages (a request that "
+                                                "compacts nothing); auto-recall searches every request"])
+    throughput = TableSpec("lcm proxy: throughput on PostgreSQL (requests/s, every client its own conversation)",
+                           ["clients", "direct", "proxy", "proxy / direct", "errors"])
+    for r in results:
+        for size in r["sizes"]:
+            for target, t in size["latency"].items():
+                added = size["added_p50_ms"].get(target)
+                latency.rows.append([r["backend"], f"{size['stored']:,}", target,
+                                     f"{f(t['request']['p50'])} / {f(t['request']['p95'])}",
+                                     f"{f(t['first_chunk']['p50'])} / {f(t['first_chunk']['p95'])}",
+                                     f"{f(added['request'])} / {f(added['first_chunk'])}" if added else "-"])
+        for t in r["throughput"]:
+            direct, ours = t["direct"]["requests_per_s"], t["proxy"]["requests_per_s"]
+            throughput.rows.append([str(t["clients"]), f(direct, 0), f(ours, 0), f(ours / direct if direct else 0),
+                                    str(t["direct"]["errors"] + t["proxy"]["errors"])])
+    return [latency] + ([throughput] if throughput.rows else [])
+
+
 BUILDERS: dict[str, Callable[[list[dict[str, Any]]], list[TableSpec]]] = {
     "ingest": ingest, "search": search, "turn_overhead": turn_overhead, "compaction": compaction, "startup": startup,
     "cache": cache, "recall": recall, "fleet": fleet, "ui": ui, "cli": cli, "locomo": locomo,
-    "locomo_prompt": locomo_prompt, "server_cost": server_cost, "pooler": pooler, "scale": scale}
+    "locomo_prompt": locomo_prompt, "server_cost": server_cost, "pooler": pooler, "scale": scale, "proxy": proxy}
 
 
 def markdown(spec: TableSpec) -> str:

@@ -19,7 +19,7 @@ from benchmarks.common import backend_url, peak_rss_mb
 #: Phase name -> the module whose ``run(backend, url, **params)`` measures it. Imported on
 #: demand: the cache phase runs in the Hermes venv, which has no use for the others.
 PHASES = ("ingest", "search", "turn_overhead", "compaction", "startup", "cache", "recall", "fleet", "ui", "cli",
-          "locomo", "locomo_prompt", "server_cost", "pooler", "scale")
+          "locomo", "locomo_prompt", "server_cost", "pooler", "scale", "proxy")
 
 
 def main() -> None:

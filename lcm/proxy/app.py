@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -95,9 +96,13 @@ class _Proxy:
         self.conversations = conversations
         self.callers = callers
         self.base = settings.upstream.rstrip("/")
+        # TCP_NODELAY: a request's head and body leave as two writes, and without it the second
+        # waits for the upstream's delayed ACK: 40 ms added to every call (measured).
         self.client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+            transport=httpx.AsyncHTTPTransport(
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -59,6 +59,12 @@ class Conversation:
     #: The current request's API key, for the summarizer's calls to the same upstream during
     #: it. Memory only, replaced by each request: never stored, never logged.
     api_key: str | None = None
+    #: The client's messages of the last request, and the context lcm made of them (the very
+    #: objects the context session remembers handing over): see :meth:`Conversations.prepare`.
+    client_seen: list[dict[str, Any]] | None = None
+    handed: list[dict[str, Any]] | None = None
+    #: What the last request's turn was given (its messages and the client's new ones).
+    view: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Conversations:
@@ -125,8 +131,26 @@ class Conversations:
                 context.set_model(model, self.windows.of(model))
             if context.current is None or context.current.session_key != conversation.caller.session_key:
                 retry_dropped(lambda: context.start(conversation.caller.session_key, platform=PLATFORM))
-            sendable = retry_dropped(lambda: context.turn(messages))
+            view = self._as_held(conversation, messages)
+            sendable = retry_dropped(lambda: context.turn(view))
+            conversation.client_seen, conversation.handed, conversation.view = messages, sendable, view
             return self._with_recall(conversation, list(sendable))
+
+    @staticmethod
+    def _as_held(conversation: Conversation, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The client's messages as a host that holds its context would hand them over.
+
+        A chat client re-sends its whole history; a host like Hermes keeps what lcm handed it
+        and appends. When this request's messages start with the last request's, the turn is
+        given the context made of those (the same objects) plus the new messages: lcm sees a
+        host extending what it was handed, so nothing is re-assembled or re-counted until a
+        compaction is due, the upstream's prompt prefix stays byte for byte what it cached, and
+        the work per request is bounded by the window, not by the history. Anything else (an
+        edited or shorter history) goes to the turn as sent: alignment finds the fork."""
+        seen, handed = conversation.client_seen, conversation.handed
+        if seen is None or handed is None or len(messages) < len(seen) or messages[:len(seen)] != seen:
+            return messages
+        return [*handed, *messages[len(seen):]]
 
     def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
         """Tokens of the tools' definitions as the upstream gets them (remembered per set)."""
@@ -175,7 +199,10 @@ class Conversations:
             if usage:
                 context.observe_response(usage)
             if answer is not None:
-                retry_dropped(lambda: context.ingest([*messages, answer]))
+                # After the turn's own view when it was this request's (bounded by the window),
+                # else after the client's messages.
+                held = conversation.view if conversation.client_seen is messages else messages
+                retry_dropped(lambda: context.ingest([*held, answer]))
 
     def run_locked(self, conversation: Conversation, action: Callable[[ContextSession], Any]) -> Any:
         with conversation.lock:
