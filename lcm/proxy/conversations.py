@@ -63,8 +63,10 @@ class Conversation:
     #: objects the context session remembers handing over): see :meth:`Conversations.prepare`.
     client_seen: list[dict[str, Any]] | None = None
     handed: list[dict[str, Any]] | None = None
-    #: What the last request's turn was given (its messages and the client's new ones).
+    #: What the last request's turn was given (its messages and the client's new ones), and
+    #: the answer stored after it (the client sends its own copy of it back next time).
     view: list[dict[str, Any]] = field(default_factory=list)
+    answer: dict[str, Any] | None = None
 
 
 class Conversations:
@@ -150,7 +152,11 @@ class Conversations:
         seen, handed = conversation.client_seen, conversation.handed
         if seen is None or handed is None or len(messages) < len(seen) or messages[:len(seen)] != seen:
             return messages
-        return [*handed, *messages[len(seen):]]
+        new = messages[len(seen):]
+        kept = conversation.answer
+        if new and kept is not None and content_hash(new[0]) == content_hash(kept):
+            new = [kept, *new[1:]]  # the stored answer itself: the ingest extends what it saw last
+        return [*handed, *new]
 
     def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
         """Tokens of the tools' definitions as the upstream gets them (remembered per set)."""
@@ -201,8 +207,10 @@ class Conversations:
             if answer is not None:
                 # After the turn's own view when it was this request's (bounded by the window),
                 # else after the client's messages.
-                held = conversation.view if conversation.client_seen is messages else messages
+                mine = conversation.client_seen is messages
+                held = conversation.view if mine else messages
                 retry_dropped(lambda: context.ingest([*held, answer]))
+                conversation.answer = answer if mine else None
 
     def run_locked(self, conversation: Conversation, action: Callable[[ContextSession], Any]) -> Any:
         with conversation.lock:

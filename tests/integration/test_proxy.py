@@ -367,6 +367,22 @@ def test_two_hundred_turns_on_a_16k_window_stay_within_it_and_an_early_fact_come
     assert [(m["role"], m["content"]) for m in rows] == [(m["role"], m["content"]) for m in history[1:]]
     session = store.sessions.find("default", "long")
     assert session.covered_seq > 0  # compacted
+    # The prompt cache: between two compactions, each upstream prompt starts with the previous
+    # one byte for byte (the recall blocks replayed, the context held, not re-assembled).
+    kept = changed = 0
+    previous = None
+    for body in upstream.requests:
+        if is_summary_call(body):
+            previous = None
+            continue
+        if previous is not None:
+            same = body["messages"][:len(previous["messages"])] == previous["messages"]
+            assert same, f"the prompt changed without a compaction at request {upstream.requests.index(body)}"
+            kept += 1
+        else:
+            changed += 1
+        previous = body
+    assert kept > 150 and changed < 50, (kept, changed)
 
 
 @pytest.mark.slow
