@@ -257,6 +257,13 @@ def is_stop_word(term: Term) -> bool:
     return len(term.tokens) == 1 and not term.prefix and term.tokens[0] in STOP_WORDS
 
 
+#: Content terms the any-word form keeps at most. Each is looked up on its own (exact and
+#: stemmed, ``lcm.store.search``), so a pasted paragraph of 40 content words cost 80 index
+#: lookups a search (auto-recall runs one per user message: 80 ms a request through lcm proxy,
+#: measured); the longest words are kept, as rarer on the whole, which is what ranks.
+ANY_WORDS_MAX_TERMS = 12
+
+
 def any_words(query: Query) -> Query | None:
     """The any-word form of ``query`` (see the module docstring): one OR group of its distinct
     content terms, phrases, prefixes and code-like terms kept whole, the same negatives. None
@@ -266,6 +273,9 @@ def any_words(query: Query) -> Query | None:
     terms = tuple(dict.fromkeys(t for t in query.positive_terms() if not is_stop_word(t)))
     if not terms:
         return None
+    if len(terms) > ANY_WORDS_MAX_TERMS:  # the longest words, in the query's order
+        longest = set(sorted(terms, key=lambda t: -len(t.raw))[:ANY_WORDS_MAX_TERMS])
+        terms = tuple(t for t in terms if t in longest)
     return Query(groups=(terms,), negatives=query.negatives, notes=query.notes)
 
 

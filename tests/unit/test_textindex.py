@@ -131,3 +131,18 @@ def test_a_snippet_from_the_stemmed_index_marks_other_forms_of_the_words():
     assert "**move**" not in make_snippet(text, query)  # exact: nothing to anchor on
     loose = make_snippet(text, query, loose=True)
     assert "**move**" in loose and "**deployment**" in loose and "**staging**" not in loose
+
+
+def test_any_words_keeps_the_longest_content_terms_of_a_long_message():
+    from lcm.textindex import ANY_WORDS_MAX_TERMS, any_words
+
+    letters = "bcdfghjklmnpqrstvwxz"
+    words = [letters[i % 20] + "a" * (2 + i % 7) + letters[(i * 7) % 20] for i in range(30)]
+    query = parse_query(" ".join(words))
+    asked = [t.raw for t in query.positive_terms()]
+    assert len(asked) > ANY_WORDS_MAX_TERMS
+    kept = any_words(query)
+    assert kept is not None and len(kept.groups[0]) == ANY_WORDS_MAX_TERMS
+    raws = [t.raw for t in kept.groups[0]]
+    assert raws == [w for w in asked if w in raws]  # the query's order
+    assert min(len(r) for r in raws) >= max(len(w) for w in asked if w not in raws)
