@@ -223,16 +223,6 @@ def scope_first(monkeypatch):
     monkeypatch.setattr(window_rank, "NATIVE_RANK_MAX_ROWS", 0)
 
 
-@pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
-def test_parity_table_through_the_scope_phase(store, corpus, scope_first, query, expected):
-    session, ids = corpus
-    for scope in (session.id, None):
-        got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
-        assert got == [ids[i] for i in expected]
-        ranked = store.search.messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
-        assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
-
-
 def test_filters_and_scopes_through_the_scope_phase(store, scope_first):
     """Interleaved sessions and agents: a scope's id range holds other scopes' rows, which its
     search must skip; filters and roles apply; a ranked search over more matches than it ranks
@@ -263,20 +253,14 @@ def test_filters_and_scopes_through_the_scope_phase(store, scope_first):
     assert not store.search.messages("plenty", agent="agent-b", limit=3).hits
 
 
+@pytest.mark.parametrize("path", ["scope_first", "tiny_windows", "gin_direct"])
 @pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
-def test_parity_table_through_the_index_phase(store, corpus, tiny_windows, query, expected):
+def test_parity_table_through_each_search_path(store, corpus, request, path, query, expected):
+    """The same answers whichever path a search takes (each fixture forces one)."""
     session, ids = corpus
-    for scope in (session.id, None):
-        got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
-        assert got == [ids[i] for i in expected]
-        ranked = store.search.messages(query, agent="agent-a", session_pk=scope, sort="relevance", limit=50)
-        assert sorted(h.id for h in ranked.hits) == sorted(ids[i] for i in expected)
-
-
-@pytest.mark.parametrize("query,expected", PARITY, ids=[q for q, _ in PARITY])
-def test_parity_table_through_the_direct_index_phase(store, corpus, gin_direct, query, expected):
-    session, ids = corpus
-    gin_direct()
+    forced = request.getfixturevalue(path)
+    if path == "gin_direct":
+        forced()  # statistics collected for the stored corpus
     for scope in (session.id, None):
         got = [h.id for h in store.search.messages(query, agent="agent-a", session_pk=scope, limit=50).hits]
         assert got == [ids[i] for i in expected]
