@@ -477,3 +477,16 @@ def test_listening_beyond_loopback_needs_a_token_and_a_private_token_map(sqlite_
     refused = subprocess.run([sys.executable, "-m", "lcm", "proxy", "--upstream", upstream.url, "--url", sqlite_url,
                               "--tokens", str(tokens), "--port", "0"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and f"chmod 600 {tokens}" in refused.stderr
+
+
+def test_without_tools_the_upstream_gets_the_clients_tools_only(store, upstream):
+    running = ProxyThread(store, upstream.url, tools=False)
+    own_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    try:
+        client_of(running).chat.completions.create(model="gpt-4o", tools=[own_tool],
+                                                   messages=[{"role": "user", "content": "weather?"}])
+        client_of(running).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        running.close()
+    first, second = chat_requests(upstream)
+    assert first["tools"] == [own_tool] and "tools" not in second
