@@ -56,6 +56,9 @@ _MARK = "SELECT indexed_through FROM lcm_search_marks WHERE name = 'messages'"
 
 #: Bound variables one statement may hold (SQLITE_MAX_VARIABLE_NUMBER's default since 3.32).
 MAX_VARIABLES = 32766
+#: An agent with more sessions than this is searched without an id range (finding it costs
+#: two index seeks a session).
+EXTENT_SESSIONS = 256
 
 
 def _driver_execute(conn: Connection, sql: str, params: Sequence[Any]) -> Any:
@@ -281,15 +284,15 @@ class SQLiteBackend(Backend):
         # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
         # counts, before scoring anything, the rows of the whole index with each query word
         # and with the scope token, so a common word or a big scope costs their whole lists.
-        idfs, widest, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
-        native = (spec.ranked and max(widest, scope_rows) < window_rank.NATIVE_RANK_MAX_ROWS
+        idfs, postings, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
+        native = (spec.ranked and postings + scope_rows < window_rank.NATIVE_RANK_MAX_ROWS
                   and share < window_rank.WINDOW_RANK_MIN_SHARE)
         score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
         # The scope's id range: FTS5 seeks its posting lists to it, so the query words' matches
         # elsewhere in the store are skipped, not read (its own rows are the only ones in it
         # that also carry its scope token).
         params: dict[str, Any] = {"match": match, "want": want, "lo": first_id, "hi": last_id}
-        within = f"{fts} MATCH :match AND rowid BETWEEN :lo AND :hi"
+        within = f"{fts} MATCH :match" + (" AND rowid BETWEEN :lo AND :hi" if first_id is not None else "")
         if not spec.has_post_filters:
             sql = f"SELECT rowid, {score} FROM {fts} WHERE {within} ORDER BY rowid DESC LIMIT :want"
             rows = conn.execute(text(sql), params).all()
@@ -322,41 +325,46 @@ class SQLiteBackend(Backend):
         return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
 
     @staticmethod
-    def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int, int, int] | None:
-        """(first id, last id, rows) of the search's scope, from indexes and counters (a few
-        index seeks whatever its size); None when it is empty. A session's messages by seq
-        (its ids rise with it), anything else by the (agent_id, id) or session index."""
-        base = _BASE[kind]
+    def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int | None, int | None, int] | None:
+        """(first id, last id, rows) of the search's scope, from indexes and counters (index
+        seeks, whatever its size; the ids None when they would cost more); None when it is
+        empty. A session's messages by seq (its ids rise with it); an agent's messages from its
+        sessions' ends (SQLite keeps no (agent_id, id) index: ``min(id)`` of an agent would read
+        the table), up to ``EXTENT_SESSIONS`` sessions; summaries (few) by their session index."""
         if kind == "messages" and spec.session_pk is not None:
             row = conn.execute(text(
                 "SELECT (SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq LIMIT 1), "
                 "(SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq DESC LIMIT 1), "
                 "(SELECT message_count FROM lcm_sessions WHERE id = :s)"), {"s": spec.session_pk}).one()
-        elif kind == "messages":
-            row = conn.execute(text(
-                "SELECT (SELECT min(id) FROM lcm_messages WHERE agent_id = :a), "
-                "(SELECT max(id) FROM lcm_messages WHERE agent_id = :a), "
-                "(SELECT sum(message_count) FROM lcm_sessions WHERE agent_id = :a)"), {"a": spec.agent_pk}).one()
-        else:  # summaries are few: their id span bounds their count
-            session = spec.session_pk is not None
-            column, value = ("session_id", spec.session_pk) if session else ("agent_id", spec.agent_pk)
-            row = conn.execute(text(
-                f"SELECT (SELECT min(id) FROM {base} WHERE {column} = :v), "
-                f"(SELECT max(id) FROM {base} WHERE {column} = :v), NULL"), {"v": value}).one()
-        if row[0] is None:
-            return None
-        first, last = int(row[0]), int(row[1])
-        return first, last, int(row[2]) if row[2] is not None else last - first + 1
+            return None if row[0] is None else (int(row[0]), int(row[1]), int(row[2] or 0))
+        if kind == "messages":
+            count, rows = conn.execute(text(
+                "SELECT count(*), coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :a"),
+                {"a": spec.agent_pk}).one()
+            if not rows:
+                return None
+            if count > EXTENT_SESSIONS:
+                return None, None, int(rows)
+            first, last = conn.execute(text(
+                "SELECT min((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq LIMIT 1)), "
+                "max((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1)) "
+                "FROM lcm_sessions s WHERE s.agent_id = :a AND s.message_count > 0"), {"a": spec.agent_pk}).one()
+            return None if first is None else (int(first), int(last), int(rows))
+        if spec.session_pk is None:
+            return None, None, 0  # an agent's summaries: no index to bound them by, and few
+        first, last = conn.execute(text(
+            "SELECT min(id), max(id) FROM lcm_summaries WHERE session_id = :s"), {"s": spec.session_pk}).one()
+        return None if first is None else (int(first), int(last), int(last) - int(first) + 1)
 
     @staticmethod
     def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float, float]:
         """Each query word's IDF, from its document frequency estimated on its newest matches
-        (``window_rank.estimate_doc_freq``); the largest of those document frequencies, and
-        its share of all rows."""
+        (``window_rank.estimate_doc_freq``); those document frequencies added up (the postings
+        bm25() would read), and the largest one's share of all rows."""
         base = _BASE[kind]
         newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
         idfs: dict[Term, float] = {}
-        widest = 0.0
+        widest = total = 0.0
         for term in query.positive_terms():
             if term in idfs:
                 continue
@@ -365,8 +373,8 @@ class SQLiteBackend(Backend):
                 "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
             doc_freq = window_rank.estimate_doc_freq(int(sampled), oldest, newest)
             idfs[term] = window_rank.idf(doc_freq, newest)
-            widest = max(widest, doc_freq)
-        return idfs, widest, widest / max(newest, 1)
+            widest, total = max(widest, doc_freq), total + doc_freq
+        return idfs, total, widest / max(newest, 1)
 
     @staticmethod
     def _rank_window(conn: Connection, kind: str, query: Query, ids: list[int],

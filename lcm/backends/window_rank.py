@@ -6,10 +6,10 @@ most common word of a 1M-message store that is ~100 ms, however few rows are the
 scope token (a session's or an agent's) is a phrase of the query too, so a 900k-message
 session costs its whole list as well. lcm only ever ranks the newest ``RANK_WINDOW`` matches of
 a scope (see ``lcm.backends``), so when a query word is in at least ``WINDOW_RANK_MIN_SHARE`` of
-all rows, or a query word or the scope is in ``NATIVE_RANK_MAX_ROWS`` rows or more, the SQLite
-backend scores those rows itself with the usual BM25 formula (below that ``bm25()`` is cheap
-and is kept: reading each candidate's text here would cost more random reads than the short
-doclists bm25() walks):
+all rows, or the query words and the scope are in ``NATIVE_RANK_MAX_ROWS`` rows or more
+together, the SQLite backend scores those rows itself with the usual BM25 formula (below that
+``bm25()`` is cheap and is kept: reading each candidate's text here would cost more random
+reads than the short doclists bm25() walks):
 
 - **term frequency**: occurrences of the term's first token in the case-folded head of the
   row's indexed body (``HEAD_CHARS``), at least 1 for a group the row matched (the index's
@@ -38,9 +38,10 @@ HEAD_CHARS = 4_000
 DF_SAMPLE = 256
 #: A query with a word in at least this share of all rows is ranked here, not by bm25().
 WINDOW_RANK_MIN_SHARE = 0.1
-#: ... or with a word, or a scope, in at least this many rows (bm25()'s cost grows with the
-#: store, not the scope: two words each in 1% of 11M rows cost 90-150 ms a search, measured).
-NATIVE_RANK_MAX_ROWS = 50_000
+#: ... or whose words and scope together are in at least this many rows: the postings bm25()
+#: reads (about 1 µs each: two words each in 1% of 5M rows cost it 110 ms, where the same
+#: search ranked here took 2 ms plus the window's rows; measured at 5M messages).
+NATIVE_RANK_MAX_ROWS = 20_000
 
 
 @dataclass(frozen=True, slots=True)

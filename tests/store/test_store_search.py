@@ -223,10 +223,14 @@ def scope_first(monkeypatch):
     monkeypatch.setattr(window_rank, "NATIVE_RANK_MAX_ROWS", 0)
 
 
-def test_filters_and_scopes_through_the_scope_phase(store, scope_first):
+@pytest.mark.parametrize("extent_sessions", [256, 1], ids=["id-range", "no-id-range"])
+def test_filters_and_scopes_through_the_scope_phase(store, scope_first, monkeypatch, extent_sessions):
     """Interleaved sessions and agents: a scope's id range holds other scopes' rows, which its
     search must skip; filters and roles apply; a ranked search over more matches than it ranks
-    says so."""
+    says so. (SQLite: an agent of more sessions than EXTENT_SESSIONS is searched without a range.)"""
+    import lcm.backends.sqlite as sqlite_backend
+
+    monkeypatch.setattr(sqlite_backend, "EXTENT_SESSIONS", extent_sessions)
     mine = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(2)]
     theirs = store.sessions.get_or_create("agent-b", "s0")
     ids: dict[int, list[int]] = {s.id: [] for s in (*mine, theirs)}
