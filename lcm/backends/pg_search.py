@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -167,12 +167,20 @@ class PgSearch:
             order_col="seq" if session_scoped and base == "lcm_messages" else "id",
             where_scope="WHERE session_id = :sid " if session_scoped else "WHERE agent_id = :aid ")
 
-    @classmethod
-    def _scope_phase(cls, conn: Connection, q: _PhaseQuery) -> tuple[list[Candidate], bool]:
-        """Phase S: phase 1 over a window as large as the whole (small) scope: every match, so
-        a ranked result is clamped only when more matched than are ranked."""
-        rows, found = cls._probe_phase(conn, replace(q, params={**q.params, "probe": SCOPE_SCAN_MAX}))
-        return found, q.ranked and sum(1 for r in rows if r[2]) > q.need
+    @staticmethod
+    def _scope_phase(conn: Connection, q: _PhaseQuery) -> tuple[list[Candidate], bool]:
+        """Phase S: every row of the (small) scope, newest first, filtered by the query and the
+        filters; the newest ``need`` matches (one more says the ranking is clamped), and only
+        they are ranked: ranking all 9,500 rows of a 10k-message agent that have the commonest
+        word cost 70 ms, reading the rows 25 (measured at 11M messages)."""
+        window = f"SELECT * FROM {q.base} {q.where_scope}ORDER BY {q.order_col} DESC LIMIT :probe"
+        score = q.score.replace(q.vector, "m.v")
+        rows = conn.execute(text(
+            f"SELECT m.id, {score} FROM (SELECT t.id, t.{q.order_col} AS ord, t.{q.column} AS v "
+            f"FROM ({window}) t {q.platform_join}WHERE t.{q.column} @@ CAST(:q AS tsquery)"
+            f"{''.join(' AND ' + f for f in q.filters)} ORDER BY t.{q.order_col} DESC LIMIT :first) m "
+            "ORDER BY m.ord DESC"), {**q.params, "probe": SCOPE_SCAN_MAX, "first": q.need + 1}).all()
+        return [Candidate(int(r[0]), _score(r[1])) for r in rows[:q.need]], q.ranked and len(rows) > q.need
 
     @staticmethod
     def _scope_rows(conn: Connection, base: str, spec: SearchSpec) -> int:
