@@ -25,7 +25,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
-                  "prompt-cache cost", "recall of questions asked in plain words"):
+                  "prompt-cache cost", "recall of questions asked in plain words", "lcm proxy: latency"):
         assert title in done.stdout, title
     results = json.loads(out.read_text())["results"]
     backends = {"sqlite", "postgresql"} if backend == "both" else {"sqlite"}
@@ -85,6 +85,12 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         assert r["startup"] and r["doctor"]["overall"] in ("healthy", "warnings")
         small, big = r["forget"]  # every message of the agent, the turns measured on it included
         assert small["messages"] >= 400 and big["agent"] == "agent-big" and big["messages"] >= 2_000
+    for r in results["proxy"]:  # lcm proxy against the upstream direct: every target answered
+        for size in r["sizes"]:
+            assert set(size["latency"]) == {"direct", "proxy", "proxy, no auto-recall"}
+            assert all(t["request"]["p50"] > 0 and t["first_chunk"]["p50"] > 0 for t in size["latency"].values())
+        assert [t["clients"] for t in r["throughput"]] == ([1, 2] if r["backend"] == "postgresql" else [])
+        assert all(t["proxy"]["requests_per_s"] > 0 and t["proxy"]["errors"] == 0 for t in r["throughput"])
     for r in results["cache"]:  # lcm and Hermes' compressor on one transcript, with and without idle gaps
         assert [(row["window"], row["idle"]) for row in r["rows"]] == [(64_000, False), (64_000, True)]
         for row in r["rows"]:
@@ -108,7 +114,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
     for title in ("ingest", "lcm_grep against the raw FTS query", "per-turn overhead", "compaction", "start-up",
-                  "prompt-cache cost", "recall of questions asked in plain words"):
+                  "prompt-cache cost", "recall of questions asked in plain words", "lcm proxy: latency"):
         assert f"**{title}" in report.stdout, title
     rows = [line for line in report.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert sum(line.startswith(f"| {b} |") for line in rows for b in backends) >= 4 * len(backends)
