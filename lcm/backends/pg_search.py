@@ -29,8 +29,9 @@ GIN_DIRECT_MAX = 2_000
 #: every row of it, newest first, instead of through the GIN index (see ``PgSearch.search``).
 SCOPE_SCAN_MAX = 20_000
 #: What reading one row of the scope costs against reading one posting of the GIN index, for
-#: that choice (measured at 11M messages: docs/benchmarks.md, *Ten million messages*).
-SCAN_ROW_COST = 4.0
+#: that choice. Measured at 9M messages on a store larger than memory: a 10k-row agent read
+#: cold cost 100+ ms, GIN's ~500k postings for two mid-frequency words 50 ms.
+SCAN_ROW_COST = 100.0
 #: Seconds the lexeme statistics (``pg_stats``, refreshed by ANALYZE) are reused.
 STATS_TTL_S = 300.0
 #: Stemmed query words remembered per process (cleared when it grows past this).
@@ -68,12 +69,12 @@ class PgSearch:
         """Fenced phases, so no plan depends on the planner guessing term frequencies.
 
         S. A small scope (a session or an agent of at most ``SCOPE_SCAN_MAX`` rows, from the
-           session counters) whose query the statistics cannot show to be cheaper through
-           the GIN index: every row of the scope, newest first, filtered by the query. Exact
-           (nothing older is left), and its cost is the scope's size, whatever the store's:
-           GIN reads every posting of each query word and of the scope lexeme in the whole
-           store, so two mid-frequency words or one common word cost a 10k-row agent 100 ms
-           or more at 10M messages (``gin_postings``).
+           session counters) where reading its rows, newest first, until the matches needed
+           are found costs less than the postings GIN would read (``gin_postings``: every
+           posting of each query word and of the scope lexeme, store-wide): a common word,
+           whose newest thousand matches are in the scope's newest rows. Exact (the scan
+           stops only when it has enough, or at the scope's end). Without statistics, any
+           small scope is scanned (bounded by its size).
         0. When the lexeme statistics say the query matches few rows of its scope (a needle, a
            rare word, two mid-frequency words together): the GIN index at once.
         1. Otherwise the newest ``PROBE_ROWS`` rows of the scope (bounded work) filtered by the
@@ -100,11 +101,13 @@ class PgSearch:
         q = self._phase_query(spec, base, ts_col, roles)
         stats = self._lexeme_stats(conn, base)
         scope_rows = self._scope_rows(conn, base, spec)
+        estimated = estimated_matches(spec.query, q.scope, stats)
         if scope_rows <= SCOPE_SCAN_MAX:  # phase S
             postings = gin_postings(spec.query, q.scope, stats)
-            if postings is None or scope_rows * SCAN_ROW_COST < postings:
+            everywhere = estimated_matches(spec.query, (), stats)  # the words alone, store-wide
+            in_scope = None if everywhere is None or stats is None else everywhere / stats.rows * scope_rows
+            if postings is None or scanned_rows(scope_rows, in_scope, q.need + 1) * SCAN_ROW_COST < postings:
                 return self._scope_phase(conn, q)
-        estimated = estimated_matches(spec.query, q.scope, stats)
         if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
             found = self._gin_phase(conn, q, None, q.need)
             return found, spec.ranked and len(found) >= q.need
@@ -294,6 +297,14 @@ class PgSearch:
         if stats is None:
             return None
         return min(stats.freq(tok) for tok in term.tokens) * stats.rows
+
+
+def scanned_rows(scope_rows: int, estimated_matches: float | None, need: int) -> float:
+    """Rows a newest-first scan of a scope reads to find ``need`` matches, when the scope
+    holds about ``estimated_matches`` of them (all of it when they are fewer; unknown: all)."""
+    if estimated_matches is None or estimated_matches <= need or scope_rows <= 0:
+        return float(scope_rows)
+    return min(float(scope_rows), need * scope_rows / estimated_matches)
 
 
 def _score(raw: Any) -> float | None:

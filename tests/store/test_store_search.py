@@ -489,3 +489,19 @@ def test_a_read_only_store_says_which_messages_its_search_could_not_see(sqlite_u
     assert [h.id for h in writer.search.messages("okapi", agent="agent").hits] == [row]
     seen = reader.search.messages("okapi", agent="agent")
     assert [h.id for h in seen.hits] == [row] and not seen.notes
+
+
+def test_a_scope_scan_reads_rows_until_it_has_enough_matches():
+    """PostgreSQL's phase-S cost: a common word's newest matches are in the scope's newest rows
+    (the scan stops early); sparse matches mean reading the whole scope; unknown means all."""
+    from lcm.backends.pg_search import SCAN_ROW_COST, scanned_rows
+    from lcm.backends.pg_text import LexemeStats, gin_postings
+    from lcm.textindex import parse_query
+
+    assert scanned_rows(10_000, 9_500, 1_001) == pytest.approx(1_053.7, rel=1e-3)
+    assert scanned_rows(10_000, 25, 1_001) == scanned_rows(10_000, None, 11) == 10_000
+    stats = LexemeStats({"common": 0.95, "mid": 0.03, "other": 0.03}, floor=0.0067, rows=9_000_000)
+    # the commonest word in a 10k agent: about 1,050 rows read against 8.6M postings
+    assert scanned_rows(10_000, 9_500, 1_001) * SCAN_ROW_COST < gin_postings(parse_query("common"), ["a1"], stats)
+    # two mid words (25 matches in the agent): the whole agent read costs more than GIN's postings
+    assert scanned_rows(10_000, 9, 1_001) * SCAN_ROW_COST > gin_postings(parse_query("mid other"), ["a1"], stats)
