@@ -159,7 +159,7 @@ class StoreCore:
         self.backend: Backend = backend_for_url(url)
         self._agents: dict[str, int] = {}
         #: Agents a write transaction created and has not committed yet (see agent_pk).
-        self._uncommitted_agents: weakref.WeakKeyDictionary[Connection, set[str]] = weakref.WeakKeyDictionary()
+        self._uncommitted_agents: weakref.WeakKeyDictionary[Connection, dict[str, int]] = weakref.WeakKeyDictionary()
         self._agent_names: dict[int, str] = {}
         self._session_agents: dict[int, int] = {}
         #: Fault injection for tests: called with a step name inside write transactions.
@@ -240,6 +240,7 @@ class StoreCore:
                         yielded = True
                         yield conn
                         committing = True  # the body is done: leaving the block commits
+                    self._committed_agents(conn)
                     self._note_write(conn)
                 return
             except OperationalError as exc:
@@ -265,6 +266,7 @@ class StoreCore:
         with self._failures("write to"), self.engine.connect().execution_options(
                 isolation_level="AUTOCOMMIT", lcm_write=True) as conn:
             yield conn
+            self._committed_agents(conn)
             self._note_write(conn)
 
     def _note_write(self, conn: Connection) -> None:
@@ -339,17 +341,22 @@ class StoreCore:
         if found is None and create:
             self.backend.insert_ignore(conn, agents_t, [{"name": agent, "created_at": time.time()}], ["name"])
             created = int(conn.execute(select(agents_t.c.id).where(agents_t.c.name == agent)).scalar_one())
-            # Remembered for the process only once committed: another thread given the id of
-            # a row this transaction has not committed yet fails its foreign key (found by 64
-            # proxy clients creating their agents at once), and a rollback would leave it stale.
-            self._uncommitted_agents.setdefault(conn, set()).add(agent)
-            event.listen(conn, "commit", lambda _conn: self._remember_agent(agent, created), once=True)
+            # Remembered for the process only once committed (``write`` calls
+            # ``_committed_agents`` after the commit): another thread given the id of a row this
+            # transaction has not committed yet fails its foreign key (found by 64 proxy clients
+            # creating their agents at once), and a rollback would leave it stale.
+            self._uncommitted_agents.setdefault(conn, {})[agent] = created
             return created
         if found is None:
             return None
-        if agent not in self._uncommitted_agents.get(conn, ()):
+        if agent not in self._uncommitted_agents.get(conn, {}):
             self._remember_agent(agent, int(found))
         return int(found)
+
+    def _committed_agents(self, conn: Connection) -> None:
+        """The agents ``conn``'s transaction created, now committed: shared with the process."""
+        for agent, pk in self._uncommitted_agents.pop(conn, {}).items():
+            self._remember_agent(agent, pk)
 
     def _remember_agent(self, agent: str, pk: int) -> None:
         self._agents[agent] = pk
