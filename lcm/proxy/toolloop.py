@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lcm.context.session import ContextSession
@@ -29,24 +30,28 @@ MAX_ROUNDS = 6
 LCM_TOOLS = frozenset(s["name"] for s in TOOL_SCHEMAS)
 
 
-def offer(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The request's tools with lcm's after them, or None when lcm's are not offered."""
+@dataclass(frozen=True)
+class Offer:
+    """What the upstream is offered: ``tools`` (None: the request's own, untouched) and the
+    names of the lcm tools among them (the calls the proxy answers)."""
+    tools: list[dict[str, Any]] | None
+    lcm_names: frozenset[str]
+
+
+NOT_OFFERED = Offer(None, frozenset())
+
+
+def offer(body: Mapping[str, Any]) -> Offer:
+    """The request's tools with lcm's after them (:data:`NOT_OFFERED` when lcm's are not offered)."""
     if int(body.get("n") or 1) > 1:
-        return None
+        return NOT_OFFERED
     choice = body.get("tool_choice")
     if choice == "none" or (isinstance(choice, Mapping) and choice.get("type") == "function"):
-        return None
+        return NOT_OFFERED
     own = list(body.get("tools") or [])
     taken = {((t.get("function") or {}).get("name")) for t in own if isinstance(t, Mapping)}
-    return own + [{"type": "function", "function": dict(s)} for s in TOOL_SCHEMAS if s["name"] not in taken]
-
-
-def offered_names(tools: Sequence[Mapping[str, Any]] | None, body: Mapping[str, Any]) -> frozenset[str]:
-    """The lcm tools of ``tools`` the client did not bring itself."""
-    if tools is None:
-        return frozenset()
-    own = {((t.get("function") or {}).get("name")) for t in body.get("tools") or () if isinstance(t, Mapping)}
-    return frozenset(LCM_TOOLS - own)
+    added = [{"type": "function", "function": dict(s)} for s in TOOL_SCHEMAS if s["name"] not in taken]
+    return Offer(own + added, frozenset(LCM_TOOLS - taken))
 
 
 def split_calls(calls: Sequence[Mapping[str, Any]] | None, lcm_names: frozenset[str],
