@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lcm.errors import ConfigError
-from lcm.messages import substance
+from lcm.messages import content_hash
 from lcm.proxy.wire import RequestError
 
 SESSION_HEADER = "x-lcm-session"
@@ -123,11 +123,9 @@ def opening_key(messages: Sequence[Mapping[str, Any]]) -> str:
     """The session key of a conversation known by how it opens: its leading system/developer
     messages and its first user message (their substance: what a client may re-encode between
     requests, like key order or an empty content, does not change it)."""
-    opening: list[Any] = []
+    hashes: list[str] = []
     for message in messages:
-        opening.append(substance(message))
+        hashes.append(content_hash(message))
         if message.get("role") == "user":
             break
-    digest = hashlib.sha256(json.dumps(opening, sort_keys=True, ensure_ascii=True,
-                                       default=str).encode("ascii")).hexdigest()
-    return OPENING_PREFIX + digest[:32]
+    return OPENING_PREFIX + hashlib.sha256(" ".join(hashes).encode("ascii")).hexdigest()[:32]
