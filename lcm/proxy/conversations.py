@@ -67,6 +67,8 @@ class Conversation:
     #: the answer stored after it (the client sends its own copy of it back next time).
     view: list[dict[str, Any]] = field(default_factory=list)
     answer: dict[str, Any] | None = None
+    #: The last request's messages before and after their recall blocks were put on.
+    sent: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
 
 
 class Conversations:
@@ -103,19 +105,14 @@ class Conversations:
         return found
 
     def _open_conversation(self, caller: Caller, model: str) -> Conversation:
-        holder: dict[str, Conversation] = {}
-        route = self._route(holder) if self.summarize_upstream else None
         context = ContextSession(self.config, self.store, agent_id=caller.agent, model=model,
-                                 context_length=self.windows.of(model), host_route=route)
+                                 context_length=self.windows.of(model))
         conversation = Conversation(caller, context, model)
-        holder["it"] = conversation
+        if self.summarize_upstream:  # the request's model and key, when a summary is due
+            def route(asked: str | None) -> Route:
+                return OpenAICompatibleRoute(self.upstream, asked or conversation.model, conversation.api_key)
+            context.host_route = route
         return conversation
-
-    def _route(self, holder: Mapping[str, Conversation]) -> Callable[[str | None], Route]:
-        def route(model: str | None) -> Route:
-            conversation = holder["it"]
-            return OpenAICompatibleRoute(self.upstream, model or conversation.model, conversation.api_key)
-        return route
 
     # ------------------------------------------------------------------ a request
 
@@ -176,10 +173,21 @@ class Conversations:
 
     def _with_recall(self, conversation: Conversation, sendable: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The recall block on the newest user message (when it is the last message: a tool
-        round's continuation asks nothing new), and the remembered blocks on earlier ones."""
+        round's continuation asks nothing new), and the remembered blocks on earlier ones.
+
+        The messages the last request also sent (the very objects: a held context) are taken
+        as they went out then, so a request costs what is new in it, not its whole history."""
         out = list(sendable)
+        last_in, last_out = conversation.sent
+        same = 0
+        for mine, before in zip(out, last_in, strict=False):
+            if mine is not before:
+                break
+            same += 1
+        out[:same] = last_out[:same]
         last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
-        for i, message in enumerate(out):
+        for i in range(same, len(out)):
+            message = out[i]
             if message.get("role") != "user":
                 continue
             digest = content_hash(message)
@@ -194,6 +202,7 @@ class Conversations:
                     conversation.recalled.popitem(last=False)
             if block:
                 out[i] = with_block(message, block)
+        conversation.sent = (sendable, out)
         return out
 
     def keep(self, conversation: Conversation, messages: list[dict[str, Any]], answer: dict[str, Any] | None,
