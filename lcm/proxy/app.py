@@ -31,7 +31,6 @@ import contextlib
 import json
 import logging
 import socket
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +103,9 @@ class _Proxy:
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
                 socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
 
+    def _timed_out(self) -> JSONResponse:
+        return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -123,7 +125,7 @@ class _Proxy:
             answer = await self.client.get(self.base + tail, headers=self._forwarded(request),
                                            params=dict(request.query_params))
         except httpx.TimeoutException:
-            return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
+            return self._timed_out()
         except httpx.HTTPError as exc:
             return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
         return Response(answer.content, status_code=answer.status_code,
@@ -139,8 +141,8 @@ class _Proxy:
             return _error(exc)
         conversation = await run_in_threadpool(self.conversations.get, caller, body["model"])
         client_messages: list[dict[str, Any]] = body["messages"]
-        with_lcm = toolloop.offer(body) if self.settings.tools else None
-        tools = with_lcm if with_lcm is not None else body.get("tools")
+        offered = toolloop.offer(body) if self.settings.tools else toolloop.NOT_OFFERED
+        tools = offered.tools if offered.tools is not None else body.get("tools")
         try:
             sendable = await run_in_threadpool(self.conversations.prepare, conversation, client_messages,
                                                body["model"], api_key_of(request.headers.get("authorization")),
@@ -155,8 +157,7 @@ class _Proxy:
         upstream = {**body, "messages": sendable}
         if tools is not None:
             upstream["tools"] = tools
-        turn = _Turn(conversation, client_messages, upstream, toolloop.offered_names(with_lcm, body),
-                     self._forwarded(request))
+        turn = _Turn(conversation, client_messages, upstream, offered.lcm_names, self._forwarded(request))
         if body.get("stream"):
             return await self._stream(turn)
         return await self._complete(turn)
@@ -182,8 +183,7 @@ class _Proxy:
                 answer = await self.client.post(f"{self.base}/chat/completions", json=turn.upstream,
                                                 headers=turn.headers)
             except httpx.TimeoutException:
-                return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s",
-                                       "timeout")
+                return self._timed_out()
             except httpx.HTTPError as exc:
                 return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
             if answer.status_code >= 400:
@@ -223,7 +223,7 @@ class _Proxy:
         try:
             answer = await self.client.send(request, stream=True)
         except httpx.TimeoutException:
-            return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
+            return self._timed_out()
         except httpx.HTTPError as exc:
             return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
         if answer.status_code >= 400:
@@ -316,10 +316,6 @@ class _Turn:
     lcm_tools: frozenset[str]
     headers: dict[str, str]
     rounds: int = 0
-    started: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.started = time.perf_counter()
 
 
 def _has_finish(chunk: Mapping[str, Any]) -> bool:
