@@ -77,6 +77,15 @@ def _mode(path: Path) -> str:
     return oct(path.stat().st_mode & 0o777)
 
 
+def _doc_freq(conn: Connection, fts: str, term: Term, newest: int) -> float:
+    """The term's document frequency in ``fts``, estimated from its newest matches (a walk of at
+    most ``window_rank.DF_SAMPLE`` postings, see ``window_rank.estimate_doc_freq``)."""
+    sampled, oldest = conn.execute(text(
+        f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
+        "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
+    return window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+
+
 def _fts5_term(term: Term) -> str:
     phrase = 'body:"' + term.raw.replace('"', '""') + '"'
     return phrase + "*" if term.prefix else phrase
@@ -368,10 +377,7 @@ class SQLiteBackend(Backend):
         for term in query.positive_terms():
             if term in idfs:
                 continue
-            sampled, oldest = conn.execute(text(
-                f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
-                "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
-            doc_freq = window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+            doc_freq = _doc_freq(conn, fts, term, newest)
             idfs[term] = window_rank.idf(doc_freq, newest)
             widest, total = max(widest, doc_freq), total + doc_freq
         return idfs, total, widest / max(newest, 1)
@@ -393,12 +399,8 @@ class SQLiteBackend(Backend):
 
     def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
         """From the term's newest matches (a bounded FTS5 walk, ``window_rank.estimate_doc_freq``)."""
-        fts, base = _FTS[kind], _BASE[kind]
-        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
-        sampled, oldest = conn.execute(text(
-            f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
-            "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
-        return window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {_BASE[kind]}")).scalar_one())
+        return _doc_freq(conn, _FTS[kind], term, newest)
 
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._search(conn, spec, "summaries")
