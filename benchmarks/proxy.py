@@ -112,21 +112,23 @@ def _request(client: httpx.Client, base: str, history: list[dict[str, Any]], key
     return first if first is not None else (time.perf_counter() - started) * 1000
 
 
-def _latency(targets: dict[str, str], runs: int) -> dict[str, Any]:
-    """Interleaved requests to every target; each target's conversation grows alike."""
+def _latency(targets: dict[str, str], runs: int, tag: str) -> dict[str, Any]:
+    """Interleaved requests to every target; each target's conversation grows alike. ``tag``
+    names this measurement's conversations: a conversation of an earlier measurement re-sent
+    under its old key would be a replay of what is stored (another path, see docs/proxy.md)."""
     clients = {name: httpx.Client(timeout=60) for name in targets}
     times: dict[str, dict[str, list[float]]] = {name: {"request": [], "first_chunk": []} for name in targets}
     histories = {name: _conversation(HISTORY_TURNS, "measured") for name in targets}
     extra = Corpus(seed=12)
     try:
         for name, base in targets.items():  # warm-up: connections, the proxy's conversation and caches
-            _request(clients[name], base, histories[name], f"measured-{name}", False)
+            _request(clients[name], base, histories[name], f"measured-{tag}-{name}", False)
             histories[name].append({"role": "assistant", "content": ANSWER})
         for i, turn in enumerate(extra.turns(runs, session="more")):
             stream = i % 2 == 1
             for name, base in targets.items():
                 histories[name] = [*histories[name], turn[0]]
-                ms = _request(clients[name], base, histories[name], f"measured-{name}", stream)
+                ms = _request(clients[name], base, histories[name], f"measured-{tag}-{name}", stream)
                 times[name]["first_chunk" if stream else "request"].append(ms)
                 histories[name].append({"role": "assistant", "content": ANSWER})
     finally:
@@ -182,7 +184,7 @@ def run(backend: str, url: str, *, sizes: list[int], runs: int = 60, concurrency
                                  "--port", "0", "--json", "--agent", AGENT], env={"LCM_AUTO_RECALL": recall})
                        for recall in ("true", "false")]
             targets = {"direct": upstream.url, "proxy": proxies[0].url, "proxy, no auto-recall": proxies[1].url}
-            measured = _latency(targets, runs)
+            measured = _latency(targets, runs, f"{size}")
             added = {name: {k: measured[name][k]["p50"] - measured["direct"][k]["p50"]
                             for k in ("request", "first_chunk")} for name in targets if name != "direct"}
             results.append({"stored": size, "latency": measured, "added_p50_ms": added})
