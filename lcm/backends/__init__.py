@@ -19,8 +19,8 @@ integrity                   ``quick_check``, FTS5           catalog checks, vect
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table
@@ -55,6 +55,20 @@ class SearchSpec:
     #: Search the stemmed index (porter / PostgreSQL's english configuration: "moved" finds
     #: "move") instead of the exact one: the any-word part of a search.
     stemmed: bool = False
+    #: The hits carry snippets (False: the caller reads the rows it wants itself, as auto-recall
+    #: does; the backends ignore it).
+    snippets: bool = True
+    #: What the backend learned of the scope during this search (its id range, its row count),
+    #: keyed by what it describes. Copies made with ``dataclasses.replace`` share it, so the
+    #: dozens of queries of one search (the any-word part's terms and pairs) look the scope up
+    #: once; a new search starts with a new spec, so nothing is kept past one transaction.
+    scope_memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def remembered(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per search and ``key`` (see ``scope_memo``)."""
+        if key not in self.scope_memo:
+            self.scope_memo[key] = compute()
+        return self.scope_memo[key]
 
     @property
     def has_post_filters(self) -> bool:

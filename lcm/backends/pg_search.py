@@ -100,7 +100,8 @@ class PgSearch:
             return found, spec.ranked and len(found) >= q.need
         q = self._phase_query(spec, base, ts_col, roles)
         stats = self._lexeme_stats(conn, base)
-        scope_rows = self._scope_rows(conn, base, spec)
+        scope_rows = spec.remembered(("rows", base, spec.agent_pk, spec.session_pk),
+                                     lambda: self._scope_rows(conn, base, spec))
         estimated = estimated_matches(spec.query, q.scope, stats)
         if scope_rows <= SCOPE_SCAN_MAX:  # phase S
             postings = gin_postings(spec.query, q.scope, stats)

@@ -286,7 +286,8 @@ class SQLiteBackend(Backend):
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         want = spec.window if spec.ranked else spec.limit
-        extent = self._scope_extent(conn, kind, spec)
+        extent = spec.remembered(("extent", kind, spec.agent_pk, spec.session_pk),
+                                 lambda: self._scope_extent(conn, kind, spec))
         if extent is None:  # the scope holds no row
             return [], False
         first_id, last_id, scope_rows = extent
