@@ -60,6 +60,15 @@ _TermRows = Callable[[Connection, Term], float | None]
 
 
 def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -> list[SearchHit]:
+    if not spec.snippets:  # where the hits are, not what they say: no row decoded
+        placed = fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
+            messages_t.c.id, messages_t.c.session_id, messages_t.c.ts, messages_t.c.role,
+            sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == messages_t.c.session_id).where(
+            messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk))
+        at = {r.id: r for r in placed}
+        return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
+                          ts=r.ts, role=r.role, score=c.score, snippet="")
+                for c in chosen if (r := at.get(c.id)) is not None]
     rows = fetch_in(conn, (c.id for c in chosen), lambda chunk: message_select().add_columns(
         messages_t.c.search_text).where(messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk))
     # Snippets come from the message's own text; a large payload is not decompressed for
@@ -98,12 +107,13 @@ class SearchRepository:
         return self._core.catch_up_index()
 
     @lag_tolerant
-    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
+    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str, snippets: bool = True,
                           ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]:
         """For each of the agent's messages ``store_ids``: the message just before it and the one
         just after it in its session (None at either end), as hits with ``match="neighbour"``
-        and snippets for ``query``. Recall ranks a turn by the words around it too: the answer
-        to a question often follows the turn that holds the question's words."""
+        and snippets for ``query`` (unless ``snippets`` is False). Recall ranks a turn by the
+        words around it too: the answer to a question often follows the turn that holds the
+        question's words."""
         with self._core.read() as conn:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None or not store_ids:
@@ -118,7 +128,7 @@ class SearchRepository:
             at = {(r.session_id, r.seq): r.id for r in around}
             # Exact-word snippets: a neighbour is returned for where it is, not for its words.
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
-                              limit=len(at) or 1)
+                              limit=len(at) or 1, snippets=snippets)
             hits = {h.id: replace(h, match="neighbour")
                     for h in _message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
         return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))
@@ -128,13 +138,15 @@ class SearchRepository:
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
                          session_pk: int | None = None, roles: Sequence[str] = (), platform: str | None = None,
                          time_from: float | None = None, time_to: float | None = None,
-                         limit: int = 10) -> SearchResult:
+                         limit: int = 10, snippets: bool = True) -> SearchResult:
         """The agent's messages nearest in meaning to ``vector`` (the embedding of ``query`` by
         ``model``), best first, scored by cosine similarity (``match="semantic"``), with the
         scope and filters of :meth:`messages`. Only messages with a vector of ``model`` can be
-        found (``store.vectors.coverage`` says how many have one)."""
+        found (``store.vectors.coverage`` says how many have one). ``snippets``: as in
+        :meth:`messages`."""
         return self._similar(query, vector, model, agent, "message", session_pk, limit, (), _message_hits,
-                             roles=tuple(roles), platform=platform, time_from=time_from, time_to=time_to)
+                             roles=tuple(roles), platform=platform, time_from=time_from, time_to=time_to,
+                             snippets=snippets)
 
     @lag_tolerant
     def similar_summaries(self, query: str, vector: Matrix, *, model: str, agent: str,
@@ -164,20 +176,21 @@ class SearchRepository:
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
-                 any_words: bool = False) -> SearchResult:
+                 any_words: bool = False, snippets: bool = True) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
         ``RANK_WINDOW`` matches, ranked (BM25 / ts_rank_cd) or fused with recency; the result
         says when more matched than were ranked (``candidates_clamped``). Then, when fewer than
         ``limit`` rows have every word and ``any_words``, rows with some of the query's content
-        words, best BM25 first (``match="any"``).
+        words, best BM25 first (``match="any"``). ``snippets`` False: hits without snippets (no
+        row is decoded for them), for a caller that reads the rows it keeps itself.
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
                          _message_hits, messages_t, lambda conn, t: backend.term_rows(conn, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
-                         time_from=time_from, time_to=time_to)
+                         time_from=time_from, time_to=time_to, snippets=snippets)
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",

@@ -75,7 +75,8 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
             else str(user_message or ""))[:QUERY_CHARS]
     if not text.strip():
         return RecallBlock(reason="the user message has no text")
-    found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES)
+    found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES,
+                 snippets=False)
     block = RecallBlock(mode=found.mode, considered=len(found.hits))
     hits = [h for h in found.hits if h.kind == "message"]
     if not hits:

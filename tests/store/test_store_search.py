@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,6 +110,25 @@ def test_snippets_mark_the_match(store, corpus):
     [hit] = store.search.messages("needle-7f3a9", agent="agent-a").hits
     assert "**NEEDLE**-**7F3A9**" in hit.snippet
     assert hit.role == "assistant" and hit.session_key == "session-1"
+
+
+@pytest.mark.parametrize("query", ["alembic", "cluster OR syslog", "runbook upgrade migration"])
+def test_hits_without_snippets_are_the_same_hits(store, corpus, query):
+    """Auto-recall asks for hits without snippets (it reads the rows it keeps itself): the same
+    rows, scores, matches and places, with no snippet; neighbours alike."""
+    session, _ = corpus
+    for sort in ("recency", "relevance"):
+        kw = {"agent": "agent-a", "sort": sort, "limit": 20, "any_words": True}
+        full = store.search.messages(query, **kw).hits
+        bare = store.search.messages(query, snippets=False, **kw).hits
+        assert full and [replace(h, snippet="") for h in full] == bare
+        assert any(h.snippet for h in full) and not any(h.snippet for h in bare)
+    ids = [h.id for h in full]
+    near_full = store.search.adjacent_messages(query, ids, agent="agent-a")
+    near_bare = store.search.adjacent_messages(query, ids, agent="agent-a", snippets=False)
+    assert near_full.keys() == near_bare.keys()
+    for key, pair in near_full.items():
+        assert [None if h is None else replace(h, snippet="") for h in pair] == list(near_bare[key])
 
 
 def test_role_time_and_platform_filters(store, session):

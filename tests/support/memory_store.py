@@ -565,7 +565,8 @@ class MemorySearch(_Part):
 
     def messages(self, query: str, *, agent: str, session_pk: int | None = None, roles: Sequence[str] = (),
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
-                 sort: str = "recency", limit: int = 10, any_words: bool = False) -> SearchResult:
+                 sort: str = "recency", limit: int = 10, any_words: bool = False,
+                 snippets: bool = True) -> SearchResult:
         agent_pk = self._data.agent(agent, create=False)
         rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
                                          session_key=self._data.sessions[r.session_pk].session_key, ts=r.ts,
@@ -587,7 +588,7 @@ class MemorySearch(_Part):
                 if self._data.sessions[s.session_pk].agent == agent
                 and (session_pk is None or s.session_pk == session_pk)]
         return self._search(query, limit, any_words, rows)
-    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str,
+    def adjacent_messages(self, query: str, store_ids: Collection[int], *, agent: str, snippets: bool = True,
                           ) -> dict[int, tuple[SearchHit | None, SearchHit | None]]:
         agent_pk = self._data.agent(agent, create=False)
         at = {(r.session_pk, r.seq): r for r in self._data.rows.values() if r.agent_pk == agent_pk}
@@ -605,7 +606,7 @@ class MemorySearch(_Part):
 
     def similar_messages(self, query: str, vector: Any, *, model: str, agent: str, session_pk: int | None = None,
                          roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
-                         time_to: float | None = None, limit: int = 10) -> SearchResult:
+                         time_to: float | None = None, limit: int = 10, snippets: bool = True) -> SearchResult:
         agent_pk = self._data.agent(agent, create=False)
         rows = {r.store_id: r for r in self._data.rows.values()
                 if r.agent_pk == agent_pk and (session_pk is None or r.session_pk == session_pk)
