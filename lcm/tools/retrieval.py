@@ -16,6 +16,7 @@ One ranking for all three, tuned on real conversations (LoCoMo's development spl
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from lcm.config import install_command
@@ -34,6 +35,8 @@ SEMANTIC_WEIGHT = 0.5
 #: Share of a message's score that its neighbours in the session add to theirs. On the dev
 #: split, recall@10 of full text: 0.68 without, 0.74 at 0.5 (0.72 at 0.2 and 0.3).
 NEIGHBOUR_SHARE = 0.5
+#: Where a query's embedding is computed, beside its full-text search (see :func:`find`).
+_QUERY_EMBEDDING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lcm-query-embedding")
 
 
 @dataclass
@@ -62,7 +65,7 @@ def similarity_floor(context: ContextSession) -> float:
 
 def find(context: ContextSession, query: str, *, mode: str | None, scope: str, session_pk: int | None,
          sort: SortMode, limit: int, roles: tuple[str, ...] = (), platform: str | None = None,
-         time_from: float | None = None, time_to: float | None = None) -> Found:
+         time_from: float | None = None, time_to: float | None = None, snippets: bool = True) -> Found:
     """The search behind ``lcm_grep`` and ``lcm_expand_query``, in one of three modes.
 
     ``full_text``: every query word first, then any content word by BM25, with neighbours in
@@ -70,7 +73,8 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     default when embeddings are on): both lists fused by weighted reciprocal rank, so a hit
     either finds stands, and one both find comes first. Semantic and hybrid need an embedder
     and vectors; when the embedder is off or fails, the answer is the full-text one with
-    ``degraded_reason`` (never an error).
+    ``degraded_reason`` (never an error). ``snippets`` False: message hits without snippets,
+    for a caller that reads the messages it keeps (auto-recall).
     """
     embedder = context.embedder
     wanted = mode or ("hybrid" if embedder is not None else "full_text")
@@ -80,13 +84,17 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     depth = min(GREP_LIMIT_CAP, max(limit, FUSION_DEPTH)) if ranked else limit
     rank_sort: SortMode = sort if wanted == "full_text" else "relevance"
     store, agent = context.store, context.agent_id
+    # The query's vector is made while the words are searched: the model's forward pass runs in
+    # NumPy (or waits on an endpoint) outside the GIL, so the two overlap on a second core.
+    pending = (_QUERY_EMBEDDING.submit(embedder.embed, [query], timeout=context.config.embedding_timeout_ms / 5000)
+               if wanted != "full_text" and embedder is not None else None)
     lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
                                     any_words=True, roles=roles, platform=platform, time_from=time_from,
-                                    time_to=time_to)
+                                    time_to=time_to, snippets=snippets)
     message_hits = list(lexical.hits)
     if ranked and not filtered:
         adjacent = store.search.adjacent_messages(query, [h.id for h in message_hits if h.match == "any"],
-                                                  agent=agent)
+                                                  agent=agent, snippets=snippets)
         message_hits = spread_to_neighbours(message_hits, adjacent, session_pk)[:depth]
     summary_hits = current_summary_hits(context, query, rank_sort, depth) if with_summaries else []
     words = merge_hits(message_hits, summary_hits, rank_sort, depth)
@@ -96,23 +104,23 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
         found.degraded_reason = lexical.unindexed_note  # the backend's own words for what was missed
     if wanted == "full_text":
         return found
-    if embedder is None:
+    if embedder is None or pending is None:
         found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off "
                                  f"({install_command('semantic')} for the local model); answered with full_text")
         return found
     try:
-        vector = embedder.embed([query], timeout=context.config.embedding_timeout_ms / 5000)
+        matrix = pending.result()
     except Exception as exc:  # noqa: BLE001 - any embedder failure degrades to full text
         why = str(exc) if isinstance(exc, LcmError) else f"{type(exc).__name__}: {exc}"
         found.degraded_reason = f"the embedder failed ({why}); answered with full_text"
         return found
-    near = store.search.similar_messages(query, vector, model=embedder.model, agent=agent, session_pk=session_pk,
+    near = store.search.similar_messages(query, matrix, model=embedder.model, agent=agent, session_pk=session_pk,
                                          roles=roles, platform=platform, time_from=time_from, time_to=time_to,
-                                         limit=depth).hits
+                                         limit=depth, snippets=snippets).hits
     if with_summaries:
         session = context.session
         carried = [n.id for n in store.summaries.carried(session.id)]
-        near += store.search.similar_summaries(query, vector, model=embedder.model, agent=agent,
+        near += store.search.similar_summaries(query, matrix, model=embedder.model, agent=agent,
                                                session_pk=session.id, node_ids=carried, limit=depth).hits
         near.sort(key=lambda h: -(h.score or 0.0))
     if not near:
