@@ -283,19 +283,27 @@ class SQLiteBackend(Backend):
 
     def _search(self, conn: Connection, spec: SearchSpec, kind: str) -> tuple[list[Candidate], bool]:
         fts = (_STEMS if spec.stemmed else _FTS)[kind]
-        scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
-        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         want = spec.window if spec.ranked else spec.limit
         extent = spec.remembered(("extent", kind, spec.agent_pk, spec.session_pk),
                                  lambda: self._scope_extent(conn, kind, spec))
         if extent is None:  # the scope holds no row
             return [], False
         first_id, last_id, scope_rows = extent
+        # A scope whose rows fill their id range (the only agent of a store, a session written
+        # alone) is scoped by the range alone: FTS5 then reads only the query words' postings,
+        # not their intersection with the scope token's list, as long as the scope (a term's
+        # newest thousand rows of a 100k-message agent: 1.1 ms with the token, 0.2 without).
+        # The session counters say so (messages only; a summary range is not a count), and the
+        # hits are read back within the scope whatever they say.
+        alone = (kind == "messages" and first_id is not None and last_id is not None
+                 and last_id - first_id + 1 == scope_rows)
+        scope = [] if alone else [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
         # counts, before scoring anything, the rows of the whole index with each query word
         # and with the scope token, so a common word or a big scope costs their whole lists.
         idfs, postings, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
-        native = (spec.ranked and postings + scope_rows < window_rank.NATIVE_RANK_MAX_ROWS
+        native = (spec.ranked and postings + (0 if alone else scope_rows) < window_rank.NATIVE_RANK_MAX_ROWS
                   and share < window_rank.WINDOW_RANK_MIN_SHARE)
         score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
         # The scope's id range: FTS5 seeks its posting lists to it, so the query words' matches

@@ -166,6 +166,33 @@ def test_agents_never_see_each_other(store):
     assert store.search.messages("platypus", agent="nobody").hits == []
 
 
+def test_a_scope_alone_in_its_id_range_is_searched_without_its_token_and_stays_its_own(store):
+    """Whether an agent's or a session's rows fill their id range (and SQLite then scopes by
+    the range alone) or not, a search returns that scope's rows only: after another agent
+    wrote (not alone), before it (alone), and with session counters made wrong on purpose
+    (the hits are read back within the scope)."""
+    mine = store.sessions.get_or_create("agent-a", "s1")
+    other_session = store.sessions.get_or_create("agent-a", "s2")
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    first = append_messages(store, mine.id, [{"role": "user", "content": f"okapi mine {i}"} for i in range(3)])
+    assert [h.id for h in store.search.messages("okapi", agent="agent-a", limit=50).hits] == \
+        list(reversed(first.store_ids))
+    append_messages(store, theirs.id, [{"role": "user", "content": "okapi theirs"}])
+    second = append_messages(store, other_session.id, [{"role": "user", "content": "okapi mine again"}])
+    for sort in ("recency", "relevance"):
+        got = store.search.messages("okapi", agent="agent-a", sort=sort, limit=50, any_words=True).hits
+        assert sorted(h.id for h in got) == sorted([*first.store_ids, *second.store_ids])
+        in_session = store.search.messages("okapi", agent="agent-a", session_pk=mine.id, sort=sort, limit=50).hits
+        assert sorted(h.id for h in in_session) == sorted(first.store_ids)
+    with store.engine.begin() as conn:  # agent-a's counters now add up to its id range: "alone"
+        conn.exec_driver_sql(f"UPDATE lcm_sessions SET message_count = 4 WHERE id = {mine.id}")
+    got = store.search.messages("okapi", agent="agent-a", limit=50).hits
+    assert "theirs" not in " ".join(h.snippet for h in got)
+    assert {h.id for h in got} <= {*first.store_ids, *second.store_ids}
+    in_session = store.search.messages("okapi", agent="agent-a", session_pk=mine.id, limit=50).hits
+    assert {h.id for h in in_session} <= set(first.store_ids)
+
+
 def test_sorts(store, session):
     msgs = [
         {"role": "user", "content": "kiwi"},
