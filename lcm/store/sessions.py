@@ -27,8 +27,7 @@ from lcm.store._core import (
     checked_int,
     checked_text,
     fetch_in,
-    messages_t,
-    pairs_match,
+    messages_at,
     session_record,
     session_select,
     sessions_t,
@@ -175,9 +174,7 @@ class SessionRepository:
         with self._core.read() as conn:
             lasts = fetch_in(conn, session_pks, lambda chunk: select(sessions_t.c.id, sessions_t.c.last_seq).where(
                 sessions_t.c.id.in_(chunk), sessions_t.c.last_seq > 0))
-            rows = fetch_in(conn, [(r.id, r.last_seq) for r in lasts], lambda chunk: select(
-                messages_t.c.session_id, messages_t.c.ts).where(
-                pairs_match(messages_t.c.session_id, messages_t.c.seq, chunk)))
+            rows = messages_at(conn, [(r.id, r.last_seq) for r in lasts])
         return {int(r.session_id): float(r.ts) for r in rows}
 
     @lag_tolerant
