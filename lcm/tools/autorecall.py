@@ -150,13 +150,17 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
 
 
 def _cut(line: str, tokens: int, count: Callable[[str], int]) -> str:
-    """``line`` cut (with an ellipsis) to at most ``tokens`` tokens; "" when not even its label fits."""
-    low, high = 0, len(line)
-    while low < high:  # the longest prefix that fits, by bisection on characters
-        mid = (low + high + 1) // 2
-        if count(line[:mid] + " …") <= tokens:
-            low = mid
-        else:
-            high = mid - 1
-    cut = line[:low].rstrip()
+    """``line`` cut (with an ellipsis) to at most ``tokens`` tokens; "" when not even its label
+    fits. The cut starts at the line's length scaled to the budget and shortens by a tenth until
+    it fits: two or three counts, where a bisection on characters took a dozen (this runs on
+    every request that recalls a long turn)."""
+    total = count(line)
+    size = len(line) * max(tokens, 0) // max(total, 1)
+    cut = ""
+    while size > 0:
+        cut = line[:size].rstrip()
+        if count(cut + " …") <= tokens:
+            break
+        size = size * 9 // 10 - 1
+        cut = ""
     return cut + " …" if "] " in cut and not cut.endswith("]") else ""
