@@ -139,14 +139,13 @@ class _Proxy:
             caller = self.callers.resolve(request.headers, request.path_params.get("token"), body["messages"])
         except RequestError as exc:
             return _error(exc)
-        conversation = await run_in_threadpool(self.conversations.get, caller, body["model"])
         client_messages: list[dict[str, Any]] = body["messages"]
         offered = toolloop.offer(body) if self.settings.tools else toolloop.NOT_OFFERED
         tools = offered.tools if offered.tools is not None else body.get("tools")
         try:
-            sendable = await run_in_threadpool(self.conversations.prepare, conversation, client_messages,
-                                               body["model"], api_key_of(request.headers.get("authorization")),
-                                               tools)
+            conversation, sendable = await run_in_threadpool(
+                self.conversations.prepare, caller, client_messages, body["model"],
+                api_key_of(request.headers.get("authorization")), tools)
         except DatabaseUnavailableError as exc:
             return JSONResponse(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
                                            "was sent to the model: retry shortly", kind="server_error",

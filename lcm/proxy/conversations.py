@@ -116,10 +116,12 @@ class Conversations:
 
     # ------------------------------------------------------------------ a request
 
-    def prepare(self, conversation: Conversation, messages: list[dict[str, Any]], model: str,
-                api_key: str | None, tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """Store the client's messages and return what the upstream gets (see the module).
-        ``tools``: what the upstream is offered (its size is part of every prompt)."""
+    def prepare(self, caller: Caller, messages: list[dict[str, Any]], model: str, api_key: str | None,
+                tools: list[dict[str, Any]] | None = None) -> tuple[Conversation, list[dict[str, Any]]]:
+        """Store the caller's messages in its conversation; that conversation and what the
+        upstream gets (see the module). ``tools``: what the upstream is offered (its size is
+        part of every prompt). One call, so a request costs one hop to a worker thread here."""
+        conversation = self.get(caller, model)
         overhead = self._tools_tokens(tools) + (self.config.auto_recall_max_tokens if self.auto_recall else 0)
         with conversation.lock:
             conversation.api_key = api_key
@@ -133,7 +135,7 @@ class Conversations:
             view = self._as_held(conversation, messages)
             sendable = retry_dropped(lambda: context.turn(view))
             conversation.client_seen, conversation.handed, conversation.view = messages, sendable, view
-            return self._with_recall(conversation, list(sendable))
+            return conversation, self._with_recall(conversation, list(sendable))
 
     @staticmethod
     def _as_held(conversation: Conversation, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
