@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from importlib.util import find_spec
 from math import sqrt
@@ -39,6 +40,10 @@ MODEL_DIMS = 384
 MAX_TOKENS = 128
 #: Texts per forward pass: bounded memory, and similar lengths batched together.
 BATCH = 32
+#: Vectors of recent token sequences kept (``_Recent``): 512 × 1.5 KB.
+RECENT_VECTORS = 512
+#: How long a text waits for another thread computing its vector before computing it itself.
+WAIT_SECONDS = 30.0
 INSTALL_HINT = install_command("semantic")
 
 
@@ -71,6 +76,7 @@ class _Encoder:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.no_padding()
+        self._recent: _Recent | None = None
 
     def _norm(self, x: Any, name: str) -> Any:
         np = numpy()
@@ -116,20 +122,99 @@ class _Encoder:
 
     def encode(self, texts: Sequence[str]) -> Any:
         np = numpy()
-        encodings = self.tokenizer.encode_batch(list(texts))
+        keys = [tuple(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
         out = np.zeros((len(texts), MODEL_DIMS), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))  # little padding
+        known, mine, theirs = self.recent.claim(keys)
+        for i, vector in known.items():
+            out[i] = vector
+        computed: dict[tuple[int, ...], Any] = {}
+        try:
+            self._forward_all(keys, mine, out)
+            computed = {keys[i]: out[i].copy() for i in mine}
+        finally:  # on failure, the claims are released with nothing kept: waiters compute
+            self.recent.settle(computed, [keys[i] for i in mine])
+        missed = [i for i in theirs if not self.recent.wait(keys[i], out, i)]
+        self._forward_all(keys, missed, out)  # the thread that was computing them failed
+        return out
+
+    def _forward_all(self, keys: list[tuple[int, ...]], indexes: list[int], out: Any) -> None:
+        np = numpy()
+        order = sorted(indexes, key=lambda i: len(keys[i]))  # little padding
         for start in range(0, len(order), BATCH):
             chunk = order[start:start + BATCH]
-            length = max(len(encodings[i].ids) for i in chunk)
+            length = max(len(keys[i]) for i in chunk)
             ids = np.zeros((len(chunk), length), dtype=np.int64)
             mask = np.zeros((len(chunk), length), dtype=np.int64)
             for row, i in enumerate(chunk):
-                tokens = encodings[i].ids
-                ids[row, :len(tokens)] = tokens
-                mask[row, :len(tokens)] = 1
+                ids[row, :len(keys[i])] = keys[i]
+                mask[row, :len(keys[i])] = 1
             out[chunk] = self.forward(ids, mask)
-        return out
+
+    @property
+    def recent(self) -> _Recent:
+        if self._recent is None:
+            self._recent = _Recent()
+        return self._recent
+
+
+class _Recent:
+    """Vectors of recently embedded token sequences, and those being embedded right now.
+
+    A user message is embedded twice within milliseconds: as auto-recall's query, and by the
+    background indexer once it is stored. Keyed by the tokens the model sees (after
+    truncation), the second asks for a vector the first has or is computing, and gets it
+    (waiting for it, rather than computing it again on the same cores)."""
+
+    def __init__(self, size: int = RECENT_VECTORS) -> None:
+        self.size = size
+        self._done: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._running: dict[tuple[int, ...], threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, keys: list[tuple[int, ...]]) -> tuple[dict[int, Any], list[int], list[int]]:
+        """(index → vector known, indexes this caller computes, indexes another thread is computing)."""
+        known: dict[int, Any] = {}
+        mine: list[int] = []
+        theirs: list[int] = []
+        claimed: set[tuple[int, ...]] = set()
+        with self._lock:
+            for i, key in enumerate(keys):
+                if key in self._done:
+                    self._done.move_to_end(key)
+                    known[i] = self._done[key]
+                elif key in self._running and key not in claimed:
+                    theirs.append(i)
+                else:
+                    if key not in claimed:
+                        self._running[key] = threading.Event()
+                        claimed.add(key)
+                    mine.append(i)
+        return known, mine, theirs
+
+    def settle(self, vectors: dict[tuple[int, ...], Any], claimed: list[tuple[int, ...]]) -> None:
+        """Keep what was computed; release every claim (computed or failed) and its waiters."""
+        with self._lock:
+            for key, vector in vectors.items():
+                self._done[key] = vector
+                self._done.move_to_end(key)
+            while len(self._done) > self.size:
+                self._done.popitem(last=False)
+            events = [self._running.pop(key) for key in set(claimed) if key in self._running]
+        for event in events:
+            event.set()
+
+    def wait(self, key: tuple[int, ...], out: Any, row: int) -> bool:
+        """Wait for another thread's vector for ``key`` into ``out[row]``; False when it failed."""
+        with self._lock:
+            event = self._running.get(key)
+        if event is not None:
+            event.wait(WAIT_SECONDS)
+        with self._lock:
+            vector = self._done.get(key)
+        if vector is None:
+            return False
+        out[row] = vector
+        return True
 
 
 def _erf(x: Any) -> Any:
