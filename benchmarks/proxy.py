@@ -143,10 +143,12 @@ def _throughput(targets: dict[str, str], clients: int, seconds: float) -> dict[s
     for name, base in targets.items():
         done = [0] * clients
         errors = [0] * clients
+        first_errors: list[str] = []
         stop = time.perf_counter() + seconds
 
         def worker(i: int, base: str = base, name: str = name, stop: float = stop,
-                   done: list[int] = done, errors: list[int] = errors) -> None:
+                   done: list[int] = done, errors: list[int] = errors, first_errors: list[str] = first_errors,
+                   ) -> None:
             history = _conversation(3, f"t{i}")
             with httpx.Client(timeout=120) as http:
                 while time.perf_counter() < stop:
@@ -154,8 +156,11 @@ def _throughput(targets: dict[str, str], clients: int, seconds: float) -> dict[s
                     try:
                         _request(http, base, history, f"tp-{name}-{clients}-{i}", False)
                         done[i] += 1
-                    except httpx.HTTPError:
+                    except httpx.HTTPError as exc:
                         errors[i] += 1
+                        if len(first_errors) < 3:  # what failed, kept for the report
+                            body = exc.response.text[:300] if isinstance(exc, httpx.HTTPStatusError) else ""
+                            first_errors.append(f"{type(exc).__name__}: {exc} {body}".strip())
                     history.append({"role": "assistant", "content": ANSWER})
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
@@ -164,37 +169,75 @@ def _throughput(targets: dict[str, str], clients: int, seconds: float) -> dict[s
             t.start()
         for t in threads:
             t.join()
-        out[name] = {"requests_per_s": sum(done) / (time.perf_counter() - started), "errors": sum(errors)}
+        out[name] = {"requests_per_s": sum(done) / (time.perf_counter() - started), "errors": sum(errors),
+                     "first_errors": first_errors}
     return out
 
 
+def _proxy(upstream: str, url: str, **env: str) -> _Process:
+    """A real ``lcm proxy`` on a free port; the default install's search (no vectors) unless
+    ``env`` says otherwise: a store bulk-loaded here has no vectors, and a proxy with
+    embeddings on would spend the run embedding it in the background (28 long messages a
+    second on this machine), which is not a request's cost."""
+    return _Process([sys.executable, "-m", "lcm", "proxy", "--upstream", upstream, "--url", url, "--port", "0",
+                     "--json", "--agent", AGENT], env={"LCM_EMBEDDINGS": "off", **env})
+
+
+def _embed(url: str) -> None:
+    """Vectors for everything stored (``lcm embed``), so a proxy with embeddings on searches
+    them as a store that has caught up would."""
+    subprocess.run([sys.executable, "-m", "lcm", "embed", "--url", url, "--json"], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "LCM_EMBEDDINGS": "local"})
+
+
+def _semantic_available() -> bool:
+    """Whether the ``[semantic]`` extra's local model loads here."""
+    from lcm.config import LcmConfig
+    from lcm.context.embed import embedder_for
+    try:
+        return embedder_for(LcmConfig(embeddings="local")) is not None
+    except Exception:  # noqa: BLE001 - the extra is not installed: no such row
+        return False
+
+
 def run(backend: str, url: str, *, sizes: list[int], runs: int = 60, concurrency: list[int] | None = None,
-        seconds: float = 10.0) -> dict[str, Any]:
+        seconds: float = 10.0, semantic_max_stored: int = 1_000) -> dict[str, Any]:
     """Latency at each stored size (both backends), then throughput (PostgreSQL only: SQLite
-    is one writer, and the fleet benchmark covers many writers on it)."""
+    is one writer, and the fleet benchmark covers many writers on it). Up to
+    ``semantic_max_stored`` stored messages (embedded first), also a proxy with the
+    ``[semantic]`` extra's local model (hybrid auto-recall), when it is installed."""
     upstream = _Process([sys.executable, "-c", _UPSTREAM])
     results: list[dict[str, Any]] = []
     stored_so_far = 0
     proxies: list[_Process] = []
+    semantic = _semantic_available()
     try:
         for size in sizes:
             _preload(url, size - stored_so_far)
             stored_so_far = size
-            proxies = [_Process([sys.executable, "-m", "lcm", "proxy", "--upstream", upstream.url, "--url", url,
-                                 "--port", "0", "--json", "--agent", AGENT], env={"LCM_AUTO_RECALL": recall})
-                       for recall in ("true", "false")]
+            proxies = [_proxy(upstream.url, url, LCM_AUTO_RECALL="true"),
+                       _proxy(upstream.url, url, LCM_AUTO_RECALL="false")]
             targets = {"direct": upstream.url, "proxy": proxies[0].url, "proxy, no auto-recall": proxies[1].url}
             measured = _latency(targets, runs, f"{size}")
             added = {name: {k: measured[name][k]["p50"] - measured["direct"][k]["p50"]
                             for k in ("request", "first_chunk")} for name in targets if name != "direct"}
+            if semantic and size <= semantic_max_stored:
+                # Apart, with its own direct baseline: its background indexer embeds each new
+                # message (tens of ms of CPU), which would slow every target interleaved with it.
+                _embed(url)
+                proxies.append(_proxy(upstream.url, url, LCM_AUTO_RECALL="true", LCM_EMBEDDINGS="local"))
+                apart = _latency({"direct": upstream.url, "proxy, [semantic]": proxies[-1].url}, runs,
+                                 f"{size}-semantic")
+                measured["proxy, [semantic]"] = apart["proxy, [semantic]"]
+                added["proxy, [semantic]"] = {k: apart["proxy, [semantic]"][k]["p50"] - apart["direct"][k]["p50"]
+                                              for k in ("request", "first_chunk")}
             results.append({"stored": size, "latency": measured, "added_p50_ms": added})
             for p in proxies:
                 p.close()
             proxies = []
         throughput: list[dict[str, Any]] = []
         if backend == "postgresql" and concurrency:
-            proxies = [_Process([sys.executable, "-m", "lcm", "proxy", "--upstream", upstream.url, "--url", url,
-                                 "--port", "0", "--json", "--agent", AGENT])]
+            proxies = [_proxy(upstream.url, url)]
             for clients in concurrency:
                 throughput.append(_throughput({"direct": upstream.url, "proxy": proxies[0].url}, clients, seconds))
     finally:
