@@ -43,52 +43,49 @@ def test_a_text_embedded_again_is_not_computed_again_and_gets_the_same_vector(em
     np.testing.assert_allclose(again[0], fresh[0], atol=1e-6)
 
 
-def test_a_text_being_embedded_by_another_thread_is_waited_for(embedder, monkeypatch):
-    made, encoder, calls = embedder
+def _embed_in_a_thread(made, encoder, monkeypatch, text: str, *, fails: bool):
+    """``made.embed([text])`` started in a thread whose forward pass takes 0.3 s (then fails,
+    or computes); returns once that pass has begun: (the thread, its result or error)."""
     computing = encoder.forward
     started = threading.Event()
 
-    def slow(ids, mask):
+    def held(ids, mask):
         started.set()
         time.sleep(0.3)
+        if fails:
+            raise RuntimeError("out of memory")
         return computing(ids, mask)
 
-    monkeypatch.setattr(encoder, "forward", slow)
-    results: dict[str, object] = {}
-    first = threading.Thread(target=lambda: results.__setitem__("a", made.embed(["the same message"])))
-    first.start()
+    monkeypatch.setattr(encoder, "forward", held)
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["vectors"] = made.embed([text])
+        except RuntimeError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
     assert started.wait(10)
-    results["b"] = made.embed(["the same message"])  # claimed by the other thread: waits for it
-    first.join()
+    monkeypatch.setattr(encoder, "forward", computing)  # later passes compute at once
+    return thread, outcome
+
+
+def test_a_text_being_embedded_by_another_thread_is_waited_for(embedder, monkeypatch):
+    made, encoder, calls = embedder
+    thread, outcome = _embed_in_a_thread(made, encoder, monkeypatch, "the same message", fails=False)
+    mine = made.embed(["the same message"])  # claimed by the other thread: waits for it
+    thread.join()
     assert sum(calls) == 1
-    np.testing.assert_array_equal(results["a"], results["b"])
+    np.testing.assert_array_equal(outcome["vectors"], mine)
 
 
 def test_a_failed_computation_leaves_nothing_behind_and_the_waiter_computes(embedder, monkeypatch):
     made, encoder, calls = embedder
-    computing = encoder.forward
-    started = threading.Event()
-
-    def failing(ids, mask):
-        started.set()
-        time.sleep(0.2)
-        raise RuntimeError("out of memory")
-
-    monkeypatch.setattr(encoder, "forward", failing)
-    errors: list[BaseException] = []
-
-    def first() -> None:
-        try:
-            made.embed(["a message whose first embedding fails"])
-        except RuntimeError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    assert started.wait(10)
-    time.sleep(0.05)
-    monkeypatch.setattr(encoder, "forward", computing)
-    vector = made.embed(["a message whose first embedding fails"])
+    text = "a message whose first embedding fails"
+    thread, outcome = _embed_in_a_thread(made, encoder, monkeypatch, text, fails=True)
+    vector = made.embed([text])
     thread.join()
-    assert errors and float(np.linalg.norm(vector[0])) == pytest.approx(1.0, abs=1e-4)
+    assert "error" in outcome and float(np.linalg.norm(vector[0])) == pytest.approx(1.0, abs=1e-4)
     assert sum(calls) == 1  # the waiter computed it once the claim was released
