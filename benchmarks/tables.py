@@ -456,7 +456,7 @@ def proxy(results: list[dict[str, Any]]) -> list[TableSpec]:
                         left=["target"], notes=["goal: <= 5 ms p50 added at 100k stored messages (a request that "
                                                 "compacts nothing); auto-recall searches every request"])
     throughput = TableSpec("lcm proxy: throughput on PostgreSQL (requests/s, every client its own conversation)",
-                           ["clients", "direct", "proxy", "proxy / direct", "errors"])
+                           ["clients", "direct", "proxy", "proxy / direct", "errors (direct / proxy)"])
     for r in results:
         for size in r["sizes"]:
             for target, t in size["latency"].items():
@@ -468,7 +468,10 @@ def proxy(results: list[dict[str, Any]]) -> list[TableSpec]:
         for t in r["throughput"]:
             direct, ours = t["direct"]["requests_per_s"], t["proxy"]["requests_per_s"]
             throughput.rows.append([str(t["clients"]), f(direct, 0), f(ours, 0), f(ours / direct if direct else 0),
-                                    str(t["direct"]["errors"] + t["proxy"]["errors"])])
+                                    f"{t['direct']['errors']} / {t['proxy']['errors']}"])
+            for name in ("direct", "proxy"):
+                for error in t[name].get("first_errors", [])[:1]:
+                    throughput.notes.append(f"{t['clients']} clients, {name}: {error}")
     return [latency] + ([throughput] if throughput.rows else [])
 
 
