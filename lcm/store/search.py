@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, func, select
+from sqlalchemy import Connection, Table, func, select
 
 from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
@@ -59,33 +59,33 @@ _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
 _TermRows = Callable[[Connection, Term], float | None]
 
 
-def _in_scope(spec: SearchSpec) -> ColumnElement[bool]:
-    """A message hit's row is the scope's (the backends' candidates are ids: what they scope
-    by is checked here once more, so no index or counter can put another agent's or another
-    session's row in a result). Summaries are not checked by session: a session's search
-    includes the summaries carried into it from its parent."""
-    agent = messages_t.c.agent_id == spec.agent_pk
-    return agent if spec.session_pk is None else and_(agent, messages_t.c.session_id == spec.session_pk)
+def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
+    """The rows (read by id, within the agent) that are the scope's, by id: the backends'
+    candidates are ids, and what they scope by is checked here once more, so no index or
+    counter can put another session's row in a session's result. The session is checked
+    here, not in the SQL: with ``session_id = ?`` beside ``id IN (...)``, SQLite walked a
+    900k-message session's index instead of looking the ids up (100 ms). Summaries are not
+    checked by session: a session's search includes those carried into it from its parent."""
+    return {r.id: r for r in rows if spec.session_pk is None or r.session_id == spec.session_pk}
 
 
 def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -> list[SearchHit]:
     if not spec.snippets:  # where the hits are, not what they say: no row decoded
-        placed = fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
+        at = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
             messages_t.c.id, messages_t.c.session_id, messages_t.c.ts, messages_t.c.role,
             sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == messages_t.c.session_id).where(
-            messages_t.c.id.in_(chunk), _in_scope(spec)))
-        at = {r.id: r for r in placed}
+            messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk)))
         return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
                           ts=r.ts, role=r.role, score=c.score, snippet="")
                 for c in chosen if (r := at.get(c.id)) is not None]
-    rows = fetch_in(conn, (c.id for c in chosen), lambda chunk: message_select().add_columns(
-        messages_t.c.search_text).where(messages_t.c.id.in_(chunk), _in_scope(spec)))
+    by_id = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: message_select().add_columns(
+        messages_t.c.search_text).where(messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk)))
+    rows = list(by_id.values())
     # Snippets come from the message's own text; a large payload is not decompressed for
     # that: its indexed excerpt is used instead.
     inline = [r for r in rows if r.payload_id is None]
     texts = {rec.store_id: message_text(rec.message) for rec in records(conn, inline)}
     texts.update({r.id: r.search_text or "" for r in rows if r.payload_id is not None})
-    by_id = {r.id: r for r in rows}
     return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
                       ts=r.ts, role=r.role, score=c.score,
                       snippet=make_snippet(texts[r.id], spec.query, loose=spec.stemmed))
