@@ -28,7 +28,7 @@ def embedder(monkeypatch):
         return real(ids, mask)
 
     monkeypatch.setattr(encoder, "forward", counted)
-    encoder._recent = None
+    encoder.recent = local._Recent()  # nothing remembered from the warm-up
     return made, encoder, calls
 
 

@@ -76,7 +76,7 @@ class _Encoder:
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.no_padding()
-        self._recent: _Recent | None = None
+        self.recent = _Recent()
 
     def _norm(self, x: Any, name: str) -> Any:
         np = numpy()
@@ -149,12 +149,6 @@ class _Encoder:
                 ids[row, :len(keys[i])] = keys[i]
                 mask[row, :len(keys[i])] = 1
             out[chunk] = self.forward(ids, mask)
-
-    @property
-    def recent(self) -> _Recent:
-        if self._recent is None:
-            self._recent = _Recent()
-        return self._recent
 
 
 class _Recent:
