@@ -203,10 +203,6 @@ class Backend(ABC):
     defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
-    #: Whether every message is found by its exact words as soon as it is written, so that
-    #: :meth:`catch_up_index` only adds the other forms of its words (PostgreSQL's stems);
-    #: SQLite's batched index finds nothing of a message before it.
-    exact_words_at_write: bool = False
     #: Whether a background thread should run :meth:`catch_up_index` after writes
     #: (``lcm.store.catchup``): where a catch-up on another connection runs beside the
     #: writes (PostgreSQL), not where it would wait for the writer's lock (SQLite).

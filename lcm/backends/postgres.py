@@ -294,7 +294,6 @@ class PostgresBackend(Backend):
     #: Messages become searchable by their stems after :meth:`catch_up_index` (their exact
     #: vector is written with the row): the store runs it in the background and before searches.
     indexes_in_batches = True
-    exact_words_at_write = True
     index_in_background = True
 
     def unindexed_note(self, count: int) -> str:

@@ -183,7 +183,7 @@ class SearchRepository:
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
-                 any_words: bool = False, snippets: bool = True, catch_up: bool = True) -> SearchResult:
+                 any_words: bool = False, snippets: bool = True) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
@@ -192,17 +192,12 @@ class SearchRepository:
         ``limit`` rows have every word and ``any_words``, rows with some of the query's content
         words, best BM25 first (``match="any"``). ``snippets`` False: hits without snippets (no
         row is decoded for them), for a caller that reads the rows it keeps itself.
-        ``catch_up`` False: where the backend finds every message by its exact words at once
-        (``exact_words_at_write``: PostgreSQL, which stems in the background), the newest
-        messages' other word forms are not waited for (auto-recall: a write transaction per
-        request, contending with the background stemmer, for messages that are in the context
-        anyway); SQLite's batched index is caught up first whatever is asked.
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
                          _message_hits, messages_t, lambda conn, t: backend.term_rows(conn, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
-                         time_from=time_from, time_to=time_to, snippets=snippets, catch_up=catch_up)
+                         time_from=time_from, time_to=time_to, snippets=snippets)
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -217,12 +212,11 @@ class SearchRepository:
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
              hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool,
-             catch_up: bool = True, **filters: Any) -> SearchResult:
+             **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
-        skip = not catch_up and self._core.backend.exact_words_at_write
-        unindexed = 0 if skip else self._core.catch_up_index()
+        unindexed = self._core.catch_up_index()
         note = self._core.backend.unindexed_note(unindexed) if unindexed else ""
         notes = (note,) if note else ()
         with self._core.read() as conn:

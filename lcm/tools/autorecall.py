@@ -76,7 +76,7 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
     if not text.strip():
         return RecallBlock(reason="the user message has no text")
     found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES,
-                 snippets=False, catch_up=False)
+                 snippets=False)
     block = RecallBlock(mode=found.mode, considered=len(found.hits))
     hits = [h for h in found.hits if h.kind == "message"]
     if not hits:

@@ -438,26 +438,6 @@ def test_a_stored_message_is_found_by_the_next_search_before_its_batch_is_indexe
     assert {h.id for h in store.search.messages("capybara", agent="agent").hits} == set(ids)
 
 
-def test_a_search_that_does_not_wait_for_stems_finds_every_message_by_its_words(store, monkeypatch):
-    """``catch_up=False`` (auto-recall's search): on PostgreSQL, whose exact vectors come with
-    the row, the newest messages' stems are not waited for (no write in the search) and every
-    message is still found by its exact words; SQLite's batched index finds nothing of a
-    message before its catch-up, so it catches up whatever is asked."""
-    if store.background is not None:
-        store.background._batch = 10**9
-        store.background._idle_s = 3600
-    s = store.sessions.get_or_create("agent", "s")
-    ids = append_messages(store, s.id, [{"role": "user", "content": "the capybara escaped"},
-                                        {"role": "assistant", "content": "find the capybara"}]).store_ids
-    found = store.search.messages("capybara", agent="agent", catch_up=False).hits
-    assert {h.id for h in found} == set(ids)
-    with store.engine.connect() as conn:
-        pending = store.backend.pending_index(conn)
-    assert pending == (2 if store.backend.exact_words_at_write else 0)
-    stems_only = store.search.messages("capybaras escaping", agent="agent", any_words=True, catch_up=False).hits
-    assert {h.id for h in stems_only} == (set() if store.backend.exact_words_at_write else set(ids))
-
-
 def test_postgres_stems_in_the_background_and_keeps_the_watermark_exact(pg_url):
     """The background catch-up stems what turns leave behind without any search; a forget that
     renumbers a session keeps every message below the watermark stemmed (the doctor agrees)."""
