@@ -276,9 +276,9 @@ def test_filters_and_scopes_through_the_scope_phase(store, scope_first, monkeypa
     """Interleaved sessions and agents: a scope's id range holds other scopes' rows, which its
     search must skip; filters and roles apply; a ranked search over more matches than it ranks
     says so. (SQLite: an agent of more sessions than EXTENT_SESSIONS is searched without a range.)"""
-    import lcm.backends.sqlite as sqlite_backend
+    import lcm.backends.sqlite_search as sqlite_search
 
-    monkeypatch.setattr(sqlite_backend, "EXTENT_SESSIONS", extent_sessions)
+    monkeypatch.setattr(sqlite_search, "EXTENT_SESSIONS", extent_sessions)
     mine = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(2)]
     theirs = store.sessions.get_or_create("agent-b", "s0")
     ids: dict[int, list[int]] = {s.id: [] for s in (*mine, theirs)}

@@ -80,7 +80,7 @@ def test_sqlite_ranks_without_reading_whole_doclists(sqlite_url, monkeypatch):
 def test_sqlite_keeps_fts5_bm25_for_queries_without_a_common_word(sqlite_url, monkeypatch):
     """A rare word's doclist is short, so FTS5's own bm25() ranks it (the window ranker, which
     reads each candidate's text, is for queries with a common word)."""
-    from lcm.backends.sqlite import SQLiteBackend
+    from lcm.backends.sqlite_search import Fts5Search
 
     store = Store.open(sqlite_url, upgrade=True)
     s = store.sessions.get_or_create("agent-a", "s1")
@@ -93,7 +93,7 @@ def test_sqlite_keeps_fts5_bm25_for_queries_without_a_common_word(sqlite_url, mo
     def not_here(*args, **kwargs):
         raise AssertionError("the window ranker ran for a rare word")
 
-    monkeypatch.setattr(SQLiteBackend, "_rank_window", staticmethod(not_here))
+    monkeypatch.setattr(Fts5Search, "_rank_window", staticmethod(not_here))
     ranked = store.search.messages("zebra", agent="agent-a", sort="relevance").hits
     assert ranked[0].id == ids[50] and {h.id for h in ranked} == {ids[10], ids[50], ids[90]}
     assert [h.score for h in ranked] == sorted((h.score for h in ranked), reverse=True)

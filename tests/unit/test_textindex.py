@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lcm.backends.pg_text import render_tsquery
-from lcm.backends.sqlite import render_match
+from lcm.backends.sqlite_search import render_match
 from lcm.textindex import (
     INDEX_MAX_CHARS,
     MAX_TOKEN_CHARS,

@@ -1,0 +1,183 @@
+"""SQLite's full-text search: FTS5 queries scoped by tokens and id ranges, ranked by FTS5's own
+``bm25()`` where its posting lists are short and by ``window_rank`` where they are not.
+``Fts5Search`` is the part of ``SQLiteBackend`` that answers searches (as ``PgSearch`` is
+PostgreSQL's); the indexes it reads are described in ``lcm.backends.sqlite``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from lcm.backends import SearchSpec, post_filters, role_token, window_rank
+from lcm.records import Candidate
+from lcm.textindex import Query, Term
+
+FTS_TABLES = {"messages": "lcm_messages_fts", "summaries": "lcm_summaries_fts"}
+#: The stemmed twins (FTS5's porter tokenizer over the same content views; revision 0007).
+STEM_TABLES = {"messages": "lcm_messages_stems", "summaries": "lcm_summaries_stems"}
+BASE_TABLES = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
+#: An agent with more sessions than this is searched without an id range (finding it costs
+#: two index seeks a session).
+EXTENT_SESSIONS = 256
+
+
+def _doc_freq(conn: Connection, fts: str, term: Term, newest: int) -> float:
+    """The term's document frequency in ``fts``, estimated from its newest matches (a walk of at
+    most ``window_rank.DF_SAMPLE`` postings, see ``window_rank.estimate_doc_freq``)."""
+    sampled, oldest = conn.execute(text(
+        f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
+        "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
+    return window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+
+
+def _fts5_term(term: Term) -> str:
+    phrase = 'body:"' + term.raw.replace('"', '""') + '"'
+    return phrase + "*" if term.prefix else phrase
+
+
+def render_match(query: Query, scope: Sequence[str], roles: Sequence[str] = ()) -> str:
+    """The FTS5 MATCH expression for a query restricted to scope tokens (never a syntax error:
+    every user-derived string is a quoted phrase with quotes doubled)."""
+    parts: list[str] = []
+    for group in query.groups:
+        terms = [_fts5_term(t) for t in group]
+        parts.append(terms[0] if len(terms) == 1 else "(" + " OR ".join(terms) + ")")
+    parts.extend(f'scope:"{tok}"' for tok in scope)
+    if roles:
+        parts.append("(" + " OR ".join(f'scope:"{role_token(r)}"' for r in roles) + ")")
+    expr = "(" + " AND ".join(parts) + ")"
+    for neg in query.negatives:
+        expr += " NOT " + _fts5_term(neg)
+    return expr
+
+
+class Fts5Search:
+    """Searches over the FTS5 indexes (no state: one per backend, like ``PgSearch``)."""
+
+    def search(self, conn: Connection, spec: SearchSpec, kind: str) -> tuple[list[Candidate], bool]:
+        fts = (STEM_TABLES if spec.stemmed else FTS_TABLES)[kind]
+        want = spec.window if spec.ranked else spec.limit
+        extent = spec.remembered(("extent", kind, spec.agent_pk, spec.session_pk),
+                                 lambda: self._scope_extent(conn, kind, spec))
+        if extent is None:  # the scope holds no row
+            return [], False
+        first_id, last_id, scope_rows = extent
+        # A scope whose rows fill their id range (a store's only agent, a session written alone)
+        # is scoped by the range alone: FTS5 reads the words' postings, not their intersection
+        # with the scope's own list (a term in a 100k-message agent: 1.1 ms with it, 0.2 without).
+        # The session counters say so (messages only), and hits are read back within the scope.
+        alone = (kind == "messages" and first_id is not None and last_id is not None
+                 and last_id - first_id + 1 == scope_rows)
+        scope = [] if alone else [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
+        # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
+        # counts, before scoring anything, the rows of the whole index with each query word
+        # and with the scope token, so a common word or a big scope costs their whole lists.
+        idfs, postings, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
+        native = (spec.ranked and postings + (0 if alone else scope_rows) < window_rank.NATIVE_RANK_MAX_ROWS
+                  and share < window_rank.WINDOW_RANK_MIN_SHARE)
+        score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
+        # The scope's id range: FTS5 seeks its posting lists to it, so the query words' matches
+        # elsewhere in the store are skipped, not read (its own rows are the only ones in it
+        # that also carry its scope token).
+        params: dict[str, Any] = {"match": match, "want": want, "lo": first_id, "hi": last_id}
+        within = f"{fts} MATCH :match" + (" AND rowid BETWEEN :lo AND :hi" if first_id is not None else "")
+        if not spec.has_post_filters:
+            sql = f"SELECT rowid, {score} FROM {fts} WHERE {within} ORDER BY rowid DESC LIMIT :want"
+            rows = conn.execute(text(sql), params).all()
+            clamped = spec.ranked and len(rows) >= want
+        else:
+            base = BASE_TABLES[kind]
+            filters, filter_params = post_filters(spec, "ts" if kind == "messages" else "latest_at")
+            params.update(filter_params, cap=spec.scan_cap)
+            sql = (
+                f"WITH c AS (SELECT rowid AS id, {score} AS score FROM {fts} WHERE {within} "
+                "ORDER BY rowid DESC LIMIT :cap) "
+                f"SELECT c.id, c.score FROM c JOIN {base} t ON t.id = c.id "
+                "JOIN lcm_sessions s ON s.id = t.session_id "
+                f"WHERE {' AND '.join(filters)} ORDER BY c.id DESC LIMIT :want"
+            )
+            rows = conn.execute(text(sql), params).all()
+            if len(rows) < want:
+                inner = conn.execute(text(
+                    f"SELECT count(*) FROM (SELECT rowid FROM {fts} WHERE {within} LIMIT :cap)"),
+                    params).scalar_one()
+                clamped = inner >= spec.scan_cap
+            else:
+                clamped = spec.ranked
+        if not spec.ranked:
+            return [Candidate(int(r[0]), None) for r in rows], clamped
+        if native:  # bm25() is lower-is-better; lcm reports higher-is-better scores
+            return [Candidate(int(r[0]), -float(r[1])) for r in rows], clamped
+        ids = [int(r[0]) for r in rows]
+        scores = self._rank_window(conn, kind, spec.query, ids, idfs)
+        return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
+
+    @staticmethod
+    def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int | None, int | None, int] | None:
+        """(first id, last id, rows) of the search's scope, from indexes and counters (index
+        seeks, whatever its size; the ids None when they would cost more); None when it is
+        empty. A session's messages by seq (its ids rise with it); an agent's messages from its
+        sessions' ends (SQLite keeps no (agent_id, id) index: ``min(id)`` of an agent would read
+        the table), up to ``EXTENT_SESSIONS`` sessions; summaries (few) by their session index."""
+        if kind == "messages" and spec.session_pk is not None:
+            row = conn.execute(text(
+                "SELECT (SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq LIMIT 1), "
+                "(SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq DESC LIMIT 1), "
+                "(SELECT message_count FROM lcm_sessions WHERE id = :s)"), {"s": spec.session_pk}).one()
+            return None if row[0] is None else (int(row[0]), int(row[1]), int(row[2] or 0))
+        if kind == "messages":
+            count, rows = conn.execute(text(
+                "SELECT count(*), coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :a"),
+                {"a": spec.agent_pk}).one()
+            if not rows:
+                return None
+            if count > EXTENT_SESSIONS:
+                return None, None, int(rows)
+            first, last = conn.execute(text(
+                "SELECT min((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq LIMIT 1)), "
+                "max((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1)) "
+                "FROM lcm_sessions s WHERE s.agent_id = :a AND s.message_count > 0"), {"a": spec.agent_pk}).one()
+            return None if first is None else (int(first), int(last), int(rows))
+        if spec.session_pk is None:
+            return None, None, 0  # an agent's summaries: no index to bound them by, and few
+        first, last = conn.execute(text(
+            "SELECT min(id), max(id) FROM lcm_summaries WHERE session_id = :s"), {"s": spec.session_pk}).one()
+        return None if first is None else (int(first), int(last), int(last) - int(first) + 1)
+
+    @staticmethod
+    def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float, float]:
+        """Each query word's IDF, from its document frequency estimated on its newest matches
+        (``window_rank.estimate_doc_freq``); those document frequencies added up (the postings
+        bm25() would read), and the largest one's share of all rows."""
+        base = BASE_TABLES[kind]
+        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
+        idfs: dict[Term, float] = {}
+        widest = total = 0.0
+        for term in query.positive_terms():
+            if term in idfs:
+                continue
+            doc_freq = _doc_freq(conn, fts, term, newest)
+            idfs[term] = window_rank.idf(doc_freq, newest)
+            widest, total = max(widest, doc_freq), total + doc_freq
+        return idfs, total, widest / max(newest, 1)
+
+    @staticmethod
+    def _rank_window(conn: Connection, kind: str, query: Query, ids: list[int],
+                     idfs: dict[Term, float]) -> dict[int, float]:
+        """BM25 over the candidate window (``window_rank``), for queries with a common word."""
+        if not ids:
+            return {}
+        rows = [window_rank.WindowRow(int(r[0]), r[1] or "", int(r[2] or 0)) for r in conn.execute(text(
+            f"SELECT id, substr(coalesce(search_text, content), 1, :head), token_count FROM {BASE_TABLES[kind]} "
+            "WHERE id IN (SELECT value FROM json_each(:ids))"),
+            {"head": window_rank.HEAD_CHARS, "ids": json.dumps(ids)})]
+        return window_rank.bm25_scores(rows, query, idfs)
+
+    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+        """From the term's newest matches (a bounded FTS5 walk, ``window_rank.estimate_doc_freq``)."""
+        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {BASE_TABLES[kind]}")).scalar_one())
+        return _doc_freq(conn, FTS_TABLES[kind], term, newest)
