@@ -124,8 +124,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
         line = _line(record, body)
         size = count(line)
         if size > min(per_hit, room):
-            line = _cut(line, min(per_hit, room), count)
-            size = count(line) if line else 0
+            line, size = _cut(line, min(per_hit, room), size, count)
         if not line or size > room:
             continue
         lines.append(line)
@@ -135,7 +134,8 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
             break
     text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
     while lines and (over := count(text) - max_tokens) > 0:  # pieces counted apart can add up to more
-        last = _cut(lines[-1], count(lines[-1]) - over, count)
+        size = count(lines[-1])
+        last, _ = _cut(lines[-1], size - over, size, count)
         if last:
             lines[-1] = last
         else:
@@ -149,18 +149,16 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
     return block
 
 
-def _cut(line: str, tokens: int, count: Callable[[str], int]) -> str:
-    """``line`` cut (with an ellipsis) to at most ``tokens`` tokens; "" when not even its label
-    fits. The cut starts at the line's length scaled to the budget and shortens by a tenth until
-    it fits: two or three counts, where a bisection on characters took a dozen (this runs on
-    every request that recalls a long turn)."""
-    total = count(line)
+def _cut(line: str, tokens: int, total: int, count: Callable[[str], int]) -> tuple[str, int]:
+    """``line`` (``total`` tokens) cut with an ellipsis to at most ``tokens`` tokens, and its
+    size; ("", 0) when not even its label fits. The cut starts at the line's length scaled to
+    the budget and shortens by a tenth until it fits: two or three counts, where a bisection on
+    characters took a dozen (this runs on every request that recalls a long turn)."""
     size = len(line) * max(tokens, 0) // max(total, 1)
-    cut = ""
     while size > 0:
         cut = line[:size].rstrip()
-        if count(cut + " …") <= tokens:
-            break
+        counted = count(cut + " …")
+        if counted <= tokens:  # nothing of the text left after the label: no line
+            return (cut + " …", counted) if "] " in cut and not cut.endswith("]") else ("", 0)
         size = size * 9 // 10 - 1
-        cut = ""
-    return cut + " …" if "] " in cut and not cut.endswith("]") else ""
+    return "", 0
