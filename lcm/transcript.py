@@ -12,6 +12,7 @@ precede the next assistant message). No verbatim message is ever edited to make 
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -38,6 +39,19 @@ _SYNTHETIC_PREFIXES = (
 )
 
 
+def same_objects_prefix(old: Sequence[Any], new: Sequence[Any]) -> int:
+    """Length of the prefix the two lists share, element by element (the same objects): how
+    much of a transcript a host sends again as it held it. A host that extends what it held
+    costs one C-speed pass, no Python loop over a long transcript."""
+    n = min(len(old), len(new))
+    if n and old[n - 1] is new[n - 1] and all(map(operator.is_, old[:n], new[:n])):
+        return n
+    i = 0
+    while i < n and old[i] is new[i]:
+        i += 1
+    return i
+
+
 def role_of(message: Any) -> str | None:
     return message.get("role") if isinstance(message, Mapping) else None
 
@@ -59,10 +73,13 @@ def generated_digest(message: Any) -> str | None:
     """The digest lcm records for a message it generates (role, call answered, text), or None
     for a message that neither starts with lcm's marker nor carries its cut note (the cheap
     test every message takes)."""
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):  # a dict: no ABC check
         return None
     content = message.get("content")
-    if not (is_lcm_summary(message) or (isinstance(content, str) and CUT_NOTE in content)):
+    if type(content) is str:  # the common case, tested inline: every message of every turn takes it
+        if not (content.lstrip().startswith(SUMMARY_MARKER) or CUT_NOTE in content):
+            return None
+    elif not is_lcm_summary(message):
         return None
     text = f"{message.get('role')}\x00{message.get('tool_call_id')}\x00{content_text(content)}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ from lcm.messages import content_hash, unstorable_reason
 from lcm.prepare import PreparedMessage, prepare_messages
 from lcm.records import MessageMeta, MessageRecord, SessionRecord
 from lcm.tokens import EstimatedTokens, TokenCounter
-from lcm.transcript import conversation_of, recall_call_ids, split_transcript
+from lcm.transcript import conversation_of, recall_call_ids, same_objects_prefix, split_transcript
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ class HostView:
         with exactly them (the same objects) and their places were not a guess."""
         n = len(self.objects)
         if not (n and self.sure and self.last_at is not None and len(conversation) >= n
-                and _common_prefix(self.objects, conversation[:n]) == n):
+                and same_objects_prefix(self.objects, conversation[:n]) == n):
             return None
         return Held(self.store_ids, self.token_counts, self.last_at)
 
@@ -210,7 +209,7 @@ class Ingestor:
         with self._lock:
             seen = self._cache.get(session_pk)
             prior = None
-            if seen is not None and seen.host and _common_prefix(seen.host, messages) == len(seen.host):
+            if seen is not None and seen.host and same_objects_prefix(seen.host, messages) == len(seen.host):
                 fast = self._extend(seen, redact(messages[len(seen.host):]))
                 if fast is not None:
                     fast.host, fast.system = list(messages), seen.system
@@ -381,16 +380,5 @@ def _partition(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     for m in messages:
         (bad if unstorable_reason(m) is not None else good).append(m)
     return good, bad
-
-
-def _common_prefix(old: Sequence[Any], new: Sequence[Any]) -> int:
-    """Length of the prefix the two lists share, element by element (the same objects)."""
-    n = min(len(old), len(new))
-    if n and old[n - 1] is new[n - 1] and all(map(operator.is_, old[:n], new[:n])):
-        return n  # the usual turn: one C-speed pass, no Python loop over a long transcript
-    i = 0
-    while i < n and old[i] is new[i]:
-        i += 1
-    return i
 
 

@@ -33,7 +33,7 @@ from lcm.errors import InvalidMessageError
 from lcm.messages import content_hash, message_text
 from lcm.records import CompactionView, GeneratedMessage, SessionRecord, SettledTokens
 from lcm.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
-from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, split_transcript
+from lcm.transcript import OwnMessages, generated_digest, is_real_user, role_of, same_objects_prefix, split_transcript
 
 #: How far below every compaction cause lcm's estimate of a turn must be for its exact token
 #: counts to wait (``_counts_can_wait``): characters / 4 undercounts code and JSON by about a
@@ -69,6 +69,8 @@ class Turns(ABC):
     _stalled_at: int | None
     _handed: list[Any] | None
     _trigger_seen: float | None
+    #: The host messages :meth:`_measure` last read and the tokens of lcm's own among them.
+    _own_counted: tuple[list[Any], int] = ([], 0)
 
     @property
     @abstractmethod
@@ -291,15 +293,26 @@ class Turns(ABC):
         host sent plus the host's overhead, learned from the prompt size it reports."""
         tokens = self.tokens
         sys_tokens = tokens.count_message_text(message_text(seen.system)) if seen.system else 0
-        own_summaries = [m for m in messages if self.own_messages(m)]
-        input_tokens = sys_tokens + sum(seen.token_counts) + sum(
-            tokens.count_message_text(message_text(m)) for m in own_summaries)
+        input_tokens = sys_tokens + sum(seen.token_counts) + self._own_tokens(messages)
         host_total = current_tokens if current_tokens else max(self.usage.prompt_tokens, 0)
         if self.fixed_overhead is not None:  # a host that knows what it adds (lcm proxy)
             self.overhead = self.fixed_overhead
         elif host_total:
             self.overhead = max(0, int(host_total) - input_tokens)
         return sys_tokens, self.overhead + input_tokens
+
+    def _own_tokens(self, messages: Sequence[Any]) -> int:
+        """Tokens of lcm's own messages (its summaries) among the host's. A host that extends
+        the list it sent last (the same objects, as the ingest's fast path requires) has only
+        its new messages looked at: every message's test cost 0.5 ms a turn at 400 messages."""
+        last, total = self._own_counted
+        start = len(last)
+        if same_objects_prefix(last, messages) < start:
+            start, total = 0, 0
+        own, count = self.own_messages, self.tokens.count_message_text
+        total += sum(count(message_text(m)) for m in messages[start:] if own(m))
+        self._own_counted = (list(messages), total)
+        return total
 
     def compact_stored(self, *, force: bool = False, focus: str | None = None) -> dict[str, Any]:
         """Compact the bound session from what is stored, with no host transcript: what an
@@ -328,9 +341,7 @@ class Turns(ABC):
 
     def _extends_handed(self, messages: Sequence[Any]) -> bool:
         handed = self._handed
-        if handed is None or len(messages) < len(handed):
-            return False
-        return all(a is b for a, b in zip(handed, messages, strict=False))
+        return handed is not None and same_objects_prefix(handed, messages) == len(handed)
 
     def _assemble(self, view: CompactionView, plan: TailPlan | None,
                   system: Mapping[str, Any] | None, *, end: int | None = None) -> Assembly | None:

@@ -40,6 +40,7 @@ from lcm.proxy.callers import Caller
 from lcm.proxy.windows import Windows
 from lcm.tokens import TokenCounter
 from lcm.tools.autorecall import recall_block
+from lcm.transcript import same_objects_prefix
 
 #: Conversations kept open at once (least recently used dropped first).
 MAX_OPEN = 1_024
@@ -181,13 +182,9 @@ class Conversations:
         as they went out then, so a request costs what is new in it, not its whole history."""
         out = list(sendable)
         last_in, last_out = conversation.sent
-        same = 0
-        for mine, before in zip(out, last_in, strict=False):
-            if mine is not before:
-                break
-            same += 1
+        same = same_objects_prefix(out, last_in)
         out[:same] = last_out[:same]
-        last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+        last_user = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
         for i in range(same, len(out)):
             message = out[i]
             if message.get("role") != "user":

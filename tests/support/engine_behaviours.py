@@ -323,6 +323,43 @@ def test_assembly_cap_holds_whenever_the_tail_fits(make_engine):
     assert sequence_problems(out, system=SYSTEM) == []
 
 
+def test_the_summaries_a_host_holds_are_counted_once_as_it_extends_them(make_engine):
+    """A turn counts the tokens of lcm's own messages (its summaries) in what the host holds.
+    A host that extends the list it sent last has only its new messages looked at; other
+    objects (a host that rebuilt its list) are looked at afresh, with the same result."""
+    from lcm.messages import message_text
+
+    engine = make_engine(context_length=100_000, max_assembly_tokens=1500, max_passes=1)
+    engine.on_session_start("s")
+    handed = engine.compress([SYSTEM, *conversation(40)])
+    session = engine.context
+    own = session.own_messages
+    summaries = [m for m in handed if own(m)]
+    assert summaries, "the compaction handed a summary over"
+    expected = sum(session.tokens.count_message_text(message_text(m)) for m in summaries)
+
+    class Counting:
+        def __init__(self) -> None:
+            self.looked_at = 0
+
+        def __call__(self, message):
+            self.looked_at += 1
+            return own(message)
+
+    counting = Counting()
+    session._own = counting
+    assert session._own_tokens(handed) == expected
+    assert counting.looked_at == len(handed)
+    grown = [*handed, {"role": "user", "content": "one more question"}]
+    assert session._own_tokens(grown) == expected
+    assert counting.looked_at == len(handed) + 1  # only the new message
+    rebuilt = json.loads(json.dumps(grown))  # the same messages, other objects
+    assert session._own_tokens(rebuilt) == expected
+    assert counting.looked_at == 2 * len(handed) + 1 + 1
+    without = [m for m in rebuilt if not own(m)]
+    assert session._own_tokens(without) == 0
+
+
 def test_a_tail_bigger_than_the_cap_shrinks_to_the_newest_turn(make_engine):
     """Issue 13 (assembly cap on every turn): a fresh tail of 30 messages over the cap used to
     be handed back whole and over budget; it now starts later, keeping the newest user turn
