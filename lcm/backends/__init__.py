@@ -197,6 +197,11 @@ class Backend(ABC):
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
         a word too common to decide anything on its own."""
 
+    def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:  # noqa: B027 - optional hook
+        """A search is about to look ``terms`` up one at a time (the any-word part): work the
+        lookups share can be done here at once (PostgreSQL stems every word in one round trip
+        instead of one per word)."""
+
     #: Whether a turn stores estimated token counts, counted exactly when the engine first
     #: needs them (``MessageRepository.settle_tokens``): where a later UPDATE of a row is cheap
     #: (SQLite), not where it rewrites the row and every index entry (PostgreSQL).

@@ -122,15 +122,7 @@ class PgSearch:
         the server's ``english`` configuration (the one that built the column), assembled like
         :func:`render_tsquery`. None when a group that must match has no lexeme left."""
         terms = [*spec.query.positive_terms(), *spec.query.negatives]
-        sources = [" <-> ".join(f"'{tok}'" for tok in t.tokens) + (":*" if t.prefix else "") for t in terms]
-        unknown = [src for src in dict.fromkeys(sources) if src not in self._stems]
-        if unknown:  # the configuration is fixed: a word's stemmed query never changes
-            if len(self._stems) > STEM_CACHE_SIZE:
-                self._stems.clear()
-            self._stems.update(zip(unknown, (r[0] for r in conn.execute(text(
-                "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
-                "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": unknown}).all()), strict=True))
-        stemmed = {t: self._stems[src] for t, src in zip(terms, sources, strict=True)}
+        stemmed = dict(zip(terms, self.stem_terms(conn, terms), strict=True))
         groups = []
         for group in spec.query.groups:
             either = [f"({stemmed[t]})" for t in group if stemmed[t]]
@@ -144,21 +136,43 @@ class PgSearch:
         parts += [f"!({stemmed[n]})" for n in spec.query.negatives if stemmed[n]]
         return " & ".join(parts), " & ".join(groups)
 
+    def stem_terms(self, conn: Connection, terms: Sequence[Term]) -> list[str]:
+        """Each term's stemmed query (``to_tsquery('english', ...)``), in order; the words not
+        yet known are looked up in one statement (the configuration is fixed: a word's stemmed
+        query never changes, so they are remembered)."""
+        sources = [" <-> ".join(f"'{tok}'" for tok in t.tokens) + (":*" if t.prefix else "") for t in terms]
+        known: dict[str, str | None] = {src: self._stems.get(src) for src in sources}
+        unknown = [src for src, stem in known.items() if stem is None]
+        if unknown:
+            found = dict(zip(unknown, (r[0] for r in conn.execute(text(
+                "SELECT to_tsquery('english'::regconfig, s)::text FROM unnest(CAST(:s AS text[])) "
+                "WITH ORDINALITY AS u(s, n) ORDER BY n"), {"s": unknown}).all()), strict=True))
+            known.update(found)
+            if len(self._stems) + len(found) > STEM_CACHE_SIZE:
+                self._stems.clear()
+            self._stems.update(found)
+        return [known[src] or "" for src in sources]
+
     @staticmethod
     def _phase_query(spec: SearchSpec, base: str, ts_col: str, roles: Sequence[str],
                      stemmed: tuple[str, str] | None = None) -> _PhaseQuery:
         scope = [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
         column = "search_stems" if stemmed is not None else "search_vector"
         source, vector = f"{base} t", f"t.{column}"
+        filters, filter_params = post_filters(spec, ts_col)
         if stemmed is not None and base == "lcm_messages":  # stemmed after the turn (0012)
-            source, vector = "lcm_message_stems st JOIN lcm_messages t ON t.id = st.message_id", "st.search_stems"
+            if filters:  # the time and platform filters read the message row
+                source, vector = ("lcm_message_stems st JOIN lcm_messages t ON t.id = st.message_id",
+                                  "st.search_stems")
+            else:  # the scope is in the stemmed vector: the narrow side table alone answers
+                # (at 100k messages a 700-match word: 3.3 ms, against 5.3 ms joined to its rows)
+                source = "(SELECT message_id AS id, search_stems FROM lcm_message_stems) t"
         params: dict[str, Any] = {"q": stemmed[0] if stemmed else render_tsquery(spec.query, scope, roles),
                                   "probe": PROBE_ROWS, "sid": spec.session_pk, "aid": spec.agent_pk}
         score = "NULL::real"
         if spec.ranked:
             params["bq"] = stemmed[1] if stemmed else render_tsquery(spec.query, with_negatives=False)
             score = f"ts_rank_cd({vector}, CAST(:bq AS tsquery), 1)"
-        filters, filter_params = post_filters(spec, ts_col)
         params.update(filter_params)
         # Newest rows of the scope: a session's by its (session_id, seq) index, an agent's
         # (all sessions) by the primary key.
@@ -253,6 +267,8 @@ class PgSearch:
             f"{''.join(' AND ' + f for f in q.filters)}) "
             "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
             {**q.params, "floor": floor_id, "need": need}).all()
+        if not q.ranked:  # psycopg returns bigint as int, and no score
+            return [Candidate(r[0]) for r in rows]
         return [Candidate(int(r[0]), _score(r[1])) for r in rows]
 
     def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:

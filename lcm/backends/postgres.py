@@ -376,6 +376,9 @@ class PostgresBackend(Backend):
     def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
         return self._searches.term_rows(conn, kind, term)
 
+    def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:
+        self._searches.stem_terms(conn, terms)
+
     # -- integrity -----------------------------------------------------------------------
 
     def check_database(self, conn: Connection, *, whole: bool = True) -> list[CheckResult]:

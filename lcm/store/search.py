@@ -239,7 +239,7 @@ class SearchRepository:
                 newest = conn.execute(select(func.max(table.c.id))).scalar() or 0
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
                                                     {c.id for c in chosen}, int(newest), candidates_of, hits_of,
-                                                    term_rows)
+                                                    term_rows, self._core.backend.prepare_terms)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
@@ -248,7 +248,8 @@ class SearchRepository:
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
                    candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-                   hits_of: _Hits, term_rows: _TermRows) -> tuple[list[SearchHit], bool]:
+                   hits_of: _Hits, term_rows: _TermRows,
+                   prepare: Callable[[Connection, Sequence[Term]], None]) -> tuple[list[SearchHit], bool]:
     """Rows with some of the query's content words that the all-words search did not return,
     best first whatever the sort (newest first would bury a question's answer under every
     recent row that shares one common word with it).
@@ -297,6 +298,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
             idfs[t, False] = window_rank.idf(rows_with, newest_id)
     if common and len(common) == len(terms):  # every word is common: still look up the rarest
         common.discard(min(terms, key=lambda t: known[t] or 0.0))
+    prepare(conn, [t for t in terms if t not in common])
     for term in terms:
         if term in common:
             continue

@@ -131,6 +131,23 @@ def test_hits_without_snippets_are_the_same_hits(store, corpus, query):
         assert [None if h is None else replace(h, snippet="") for h in pair] == list(near_bare[key])
 
 
+def test_other_forms_of_words_are_found_only_in_the_scope_and_the_time_window(store, session):
+    """The any-word part's stemmed lookups: without a filter PostgreSQL answers them from the
+    stems side table alone (the scope is in its vector), with a time filter it reads the rows
+    too; either way another agent's rows and rows outside the window are left out."""
+    other = store.sessions.get_or_create("agent-b", "s")
+    msgs = [{"role": "user", "content": f"the otters escaped again item{i}", "timestamp": 1_000 + i}
+            for i in range(10)]
+    ids = append_messages(store, session.id, msgs).store_ids
+    append_messages(store, other.id, msgs)
+    query = "otter escaping"  # neither word as written: found by their stems
+    everywhere = store.search.messages(query, agent="agent-a", any_words=True, limit=50).hits
+    assert {h.id for h in everywhere} == set(ids)
+    window = store.search.messages(query, agent="agent-a", any_words=True, limit=50,
+                                   time_from=1_003, time_to=1_006).hits
+    assert {h.id for h in window} == set(ids[3:7])
+
+
 def test_role_time_and_platform_filters(store, session):
     msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
              "timestamp": 1_000 + i} for i in range(20)]
