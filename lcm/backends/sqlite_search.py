@@ -109,7 +109,7 @@ class Fts5Search:
             else:
                 clamped = spec.ranked
         if not spec.ranked:
-            return [Candidate(int(r[0]), None) for r in rows], clamped
+            return [Candidate(r[0]) for r in rows], clamped
         if native:  # bm25() is lower-is-better; lcm reports higher-is-better scores
             return [Candidate(int(r[0]), -float(r[1])) for r in rows], clamped
         ids = [int(r[0]) for r in rows]
