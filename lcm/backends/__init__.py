@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Table, text
 from sqlalchemy.engine import URL
 
 from lcm.config import install_command
@@ -61,8 +61,15 @@ class SearchSpec:
     #: What the backend learned of the scope during this search (its id range, its row count),
     #: keyed by what it describes. Copies made with ``dataclasses.replace`` share it, so the
     #: dozens of queries of one search (the any-word part's terms and pairs) look the scope up
-    #: once; a new search starts with a new spec, so nothing is kept past one transaction.
+    #: once; a new search starts with a new spec, so nothing is kept past one transaction. Also
+    #: what one search learns about the whole table: its newest id (``NEWEST_ID``), a word's
+    #: document frequency.
     scope_memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def newest_id(self, conn: Connection, table: str) -> int:
+        """The newest row id of ``table`` (0 when empty), once per search."""
+        return int(self.remembered(("newest_id", table), lambda: conn.execute(text(
+            f"SELECT coalesce(max(id), 0) FROM {table}")).scalar_one()))
 
     def remembered(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """``compute()``, once per search and ``key`` (see ``scope_memo``)."""
@@ -192,10 +199,11 @@ class Backend(ABC):
         """As :meth:`search_messages` for summary nodes (session and agent scope only)."""
 
     @abstractmethod
-    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+    def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         """About how many rows of the whole table (``messages`` or ``summaries``) contain
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
-        a word too common to decide anything on its own."""
+        a word too common to decide anything on its own. ``spec``: the search asking (what
+        it already looked up is in its ``scope_memo``)."""
 
     def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:  # noqa: B027 - optional hook
         """A search is about to look ``terms`` up one at a time (the any-word part): work the

@@ -373,7 +373,7 @@ class PostgresBackend(Backend):
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._searches.search(conn, spec, "lcm_summaries", "latest_at", ())
 
-    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+    def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         return self._searches.term_rows(conn, kind, term)
 
     def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:

@@ -248,8 +248,8 @@ class SQLiteBackend(Backend):
     def search_messages(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._fts.search(conn, spec, "messages")
 
-    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
-        return self._fts.term_rows(conn, kind, term)
+    def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
+        return self._fts.term_rows(conn, spec, kind, term)
 
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._fts.search(conn, spec, "summaries")

@@ -24,13 +24,17 @@ BASE_TABLES = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
 EXTENT_SESSIONS = 256
 
 
-def _doc_freq(conn: Connection, fts: str, term: Term, newest: int) -> float:
-    """The term's document frequency in ``fts``, estimated from its newest matches (a walk of at
-    most ``window_rank.DF_SAMPLE`` postings, see ``window_rank.estimate_doc_freq``)."""
-    sampled, oldest = conn.execute(text(
-        f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
-        "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
-    return window_rank.estimate_doc_freq(int(sampled), oldest, newest)
+def _doc_freq(conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float:
+    """The term's document frequency in ``kind``'s index, estimated from its newest matches (a
+    walk of at most ``window_rank.DF_SAMPLE`` postings, see ``window_rank.estimate_doc_freq``);
+    once per search (the ranked all-words search and its any-word part ask for the same words)."""
+    def walk() -> float:
+        fts = FTS_TABLES[kind]
+        sampled, oldest = conn.execute(text(
+            f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
+            "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
+        return window_rank.estimate_doc_freq(int(sampled), oldest, spec.newest_id(conn, BASE_TABLES[kind]))
+    return float(spec.remembered(("doc_freq", kind, term), walk))
 
 
 def _fts5_term(term: Term) -> str:
@@ -76,7 +80,7 @@ class Fts5Search:
         # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
         # counts, before scoring anything, the rows of the whole index with each query word
         # and with the scope token, so a common word or a big scope costs their whole lists.
-        idfs, postings, share = self._term_stats(conn, kind, fts, spec.query) if spec.ranked else ({}, 0.0, 0.0)
+        idfs, postings, share = self._term_stats(conn, spec, kind) if spec.ranked else ({}, 0.0, 0.0)
         native = (spec.ranked and postings + (0 if alone else scope_rows) < window_rank.NATIVE_RANK_MAX_ROWS
                   and share < window_rank.WINDOW_RANK_MIN_SHARE)
         score = f"bm25({fts}, 1.0, 0.0)" if native else "NULL"
@@ -149,18 +153,17 @@ class Fts5Search:
         return None if first is None else (int(first), int(last), int(last) - int(first) + 1)
 
     @staticmethod
-    def _term_stats(conn: Connection, kind: str, fts: str, query: Query) -> tuple[dict[Term, float], float, float]:
+    def _term_stats(conn: Connection, spec: SearchSpec, kind: str) -> tuple[dict[Term, float], float, float]:
         """Each query word's IDF, from its document frequency estimated on its newest matches
         (``window_rank.estimate_doc_freq``); those document frequencies added up (the postings
         bm25() would read), and the largest one's share of all rows."""
-        base = BASE_TABLES[kind]
-        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {base}")).scalar_one())
+        newest = spec.newest_id(conn, BASE_TABLES[kind])
         idfs: dict[Term, float] = {}
         widest = total = 0.0
-        for term in query.positive_terms():
+        for term in spec.query.positive_terms():
             if term in idfs:
                 continue
-            doc_freq = _doc_freq(conn, fts, term, newest)
+            doc_freq = _doc_freq(conn, spec, kind, term)
             idfs[term] = window_rank.idf(doc_freq, newest)
             widest, total = max(widest, doc_freq), total + doc_freq
         return idfs, total, widest / max(newest, 1)
@@ -177,7 +180,6 @@ class Fts5Search:
             {"head": window_rank.HEAD_CHARS, "ids": json.dumps(ids)})]
         return window_rank.bm25_scores(rows, query, idfs)
 
-    def term_rows(self, conn: Connection, kind: str, term: Term) -> float | None:
+    def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         """From the term's newest matches (a bounded FTS5 walk, ``window_rank.estimate_doc_freq``)."""
-        newest = int(conn.execute(text(f"SELECT coalesce(max(id), 0) FROM {BASE_TABLES[kind]}")).scalar_one())
-        return _doc_freq(conn, FTS_TABLES[kind], term, newest)
+        return _doc_freq(conn, spec, kind, term)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, Table, select
 
 from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
@@ -57,7 +57,7 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 #: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
 #: Per kind: the backend's estimate of how many rows contain a term (None: unknown).
-_TermRows = Callable[[Connection, Term], float | None]
+_TermRows = Callable[[Connection, SearchSpec, Term], float | None]
 
 
 def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
@@ -196,7 +196,7 @@ class SearchRepository:
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
-                         _message_hits, messages_t, lambda conn, t: backend.term_rows(conn, "messages", t),
+                         _message_hits, messages_t, lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to, snippets=snippets)
 
@@ -207,7 +207,8 @@ class SearchRepository:
         """Full-text search over the agent's summary nodes (one session, or all when None)."""
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_summaries,
-                         _summary_hits, summaries_t, lambda conn, t: backend.term_rows(conn, "summaries", t),
+                         _summary_hits, summaries_t,
+                         lambda conn, spec, t: backend.term_rows(conn, spec, "summaries", t),
                          any_words, time_from=time_from, time_to=time_to)
 
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
@@ -237,7 +238,7 @@ class SearchRepository:
             hits = hits_of(conn, spec, chosen)
             wider = any_words(spec.query) if with_any and len(chosen) < limit else None
             if wider is not None:
-                newest = conn.execute(select(func.max(table.c.id))).scalar() or 0
+                newest = spec.newest_id(conn, table.name)
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
                                                     {c.id for c in chosen}, int(newest), candidates_of, hits_of,
                                                     term_rows, self._core.backend.prepare_terms)
@@ -297,7 +298,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
                 common.add(group[0])
         return capped
 
-    known = {t: term_rows(conn, t) for t in terms}
+    known = {t: term_rows(conn, spec, t) for t in terms}
     for t, rows_with in known.items():
         if rows_with is not None and rows_with >= ANY_TERM_MATCHES:
             common.add(t)
