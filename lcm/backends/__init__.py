@@ -18,12 +18,13 @@ integrity                   ``quick_check``, FTS5           catalog checks, vect
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, text
+from sqlalchemy import Connection, Engine, Table, TextClause, text
 from sqlalchemy.engine import URL
 
 from lcm.config import install_command
@@ -112,6 +113,21 @@ class IndexRow:
     session_pk: int
     agent_pk: int
     role: str | None = None
+
+
+#: Places per statement of :meth:`Backend.messages_at` (its portable form).
+PLACES_PER_STATEMENT = 64
+
+
+@functools.cache
+def _messages_at_statement() -> TextClause:
+    """The portable statement of :meth:`Backend.messages_at`: an OR of (session, seq)
+    equalities, which both databases answer by one search of ``UNIQUE(session_id, seq)`` per
+    place (SQLite reads the whole table for a row-value ``IN``). Written once as text: an OR
+    expression built per call cost more in Python (building it and computing its cache key)
+    than its index searches."""
+    places = " OR ".join(f"(session_id = :s{i} AND seq = :q{i})" for i in range(PLACES_PER_STATEMENT))
+    return text(f"SELECT id, session_id, seq, ts FROM lcm_messages WHERE {places}")
 
 
 class Backend(ABC):
@@ -204,6 +220,20 @@ class Backend(ABC):
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
         a word too common to decide anything on its own. ``spec``: the search asking (what
         it already looked up is in its ``scope_memo``)."""
+
+    def messages_at(self, conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
+        """``(id, session_id, seq, ts)`` of the messages at ``places`` (session id, seq), those
+        that exist, in no particular order (recall's neighbouring turns, the explorer's last
+        message per session)."""
+        unique = list(dict.fromkeys(places))
+        rows: list[Any] = []
+        for i in range(0, len(unique), PLACES_PER_STATEMENT):
+            chunk = unique[i:i + PLACES_PER_STATEMENT]
+            chunk += [chunk[-1]] * (PLACES_PER_STATEMENT - len(chunk))  # the same place again: one row
+            params = {f"{kind}{n}": value for n, (session, seq) in enumerate(chunk)
+                      for kind, value in (("s", session), ("q", seq))}
+            rows.extend(conn.execute(_messages_at_statement(), params).all())
+        return rows
 
     def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:  # noqa: B027 - optional hook
         """A search is about to look ``terms`` up one at a time (the any-word part): work the

@@ -11,7 +11,6 @@ happen in the store.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import weakref
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, RowMapping, Select, Table, TextClause, event, select, text
+from sqlalchemy import Connection, Engine, RowMapping, Select, Table, event, select
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
@@ -70,34 +69,6 @@ def fetch_in(conn: Connection, ids: Iterable[Any], statement: Callable[[list[Any
     rows: list[Any] = []
     for i in range(0, len(unique), IN_CHUNK):
         rows.extend(conn.execute(statement(unique[i : i + IN_CHUNK])).all())
-    return rows
-
-
-#: Places per statement of :func:`messages_at`.
-PLACES_PER_STATEMENT = 64
-
-
-@functools.cache
-def _messages_at_statement() -> TextClause:
-    """One fixed statement for :func:`messages_at`: an OR of (session, seq) equalities, which
-    both databases answer by one search of ``UNIQUE(session_id, seq)`` per place (SQLite reads
-    the whole table for a row-value ``IN``). Written once as text: an OR expression built per
-    call cost more in Python (building it and computing its cache key) than its index searches."""
-    places = " OR ".join(f"(session_id = :s{i} AND seq = :q{i})" for i in range(PLACES_PER_STATEMENT))
-    return text(f"SELECT id, session_id, seq, ts FROM lcm_messages WHERE {places}")
-
-
-def messages_at(conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
-    """``(id, session_id, seq, ts)`` of the messages at ``places`` (session id, seq), those that
-    exist, in no particular order."""
-    unique = list(dict.fromkeys(places))
-    rows: list[Any] = []
-    for i in range(0, len(unique), PLACES_PER_STATEMENT):
-        chunk = unique[i:i + PLACES_PER_STATEMENT]
-        chunk += [chunk[-1]] * (PLACES_PER_STATEMENT - len(chunk))  # the same place again: one row
-        params = {f"{kind}{n}": value for n, (session, seq) in enumerate(chunk)
-                  for kind, value in (("s", session), ("q", seq))}
-        rows.extend(conn.execute(_messages_at_statement(), params).all())
     return rows
 
 

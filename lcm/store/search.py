@@ -19,7 +19,7 @@ from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
-from lcm.store._core import StoreCore, checked_int, fetch_in, messages_at, messages_t, sessions_t, summaries_t
+from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
 from lcm.store.messages import message_select, records
 from lcm.store.replica import lag_tolerant
 from lcm.store.vectors import Kind, VectorRepository
@@ -132,7 +132,7 @@ class SearchRepository:
                 messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
                 messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk))
             wanted = {(r.session_id, r.seq + step) for r in placed for step in (-1, 1) if r.seq + step >= 1}
-            around = messages_at(conn, wanted)
+            around = self._core.backend.messages_at(conn, wanted)
             at = {(r.session_id, r.seq): r.id for r in around}
             # Exact-word snippets: a neighbour is returned for where it is, not for its words.
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,

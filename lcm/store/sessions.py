@@ -27,7 +27,6 @@ from lcm.store._core import (
     checked_int,
     checked_text,
     fetch_in,
-    messages_at,
     session_record,
     session_select,
     sessions_t,
@@ -174,7 +173,7 @@ class SessionRepository:
         with self._core.read() as conn:
             lasts = fetch_in(conn, session_pks, lambda chunk: select(sessions_t.c.id, sessions_t.c.last_seq).where(
                 sessions_t.c.id.in_(chunk), sessions_t.c.last_seq > 0))
-            rows = messages_at(conn, [(r.id, r.last_seq) for r in lasts])
+            rows = self._core.backend.messages_at(conn, [(r.id, r.last_seq) for r in lasts])
         return {int(r.session_id): float(r.ts) for r in rows}
 
     @lag_tolerant

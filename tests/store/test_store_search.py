@@ -148,6 +148,22 @@ def test_other_forms_of_words_are_found_only_in_the_scope_and_the_time_window(st
     assert {h.id for h in window} == set(ids[3:7])
 
 
+def test_messages_at_finds_each_place_that_exists_once(store):
+    """The neighbouring turns' lookup (and the explorer's last message per session): more
+    places than one statement holds, a place asked twice, places that do not exist."""
+    a = store.sessions.get_or_create("agent-a", "one")
+    b = store.sessions.get_or_create("agent-a", "two")
+    in_a = append_messages(store, a.id, [{"role": "user", "content": f"m{i}"} for i in range(70)]).store_ids
+    in_b = append_messages(store, b.id, [{"role": "user", "content": f"n{i}"} for i in range(3)]).store_ids
+    places = [(a.id, seq) for seq in range(1, 71)] + [(a.id, 5), (b.id, 2), (b.id, 99), (10**9, 1)]
+    with store.engine.connect() as conn:
+        rows = store.backend.messages_at(conn, places)
+        assert store.backend.messages_at(conn, []) == []
+    assert sorted(r.id for r in rows) == sorted([*in_a, in_b[1]])
+    assert {(r.session_id, r.seq) for r in rows} == {*((a.id, seq) for seq in range(1, 71)), (b.id, 2)}
+    assert all(isinstance(r.ts, float) for r in rows)
+
+
 def test_role_time_and_platform_filters(store, session):
     msgs = [{"role": "user" if i % 2 else "assistant", "content": f"shared word item{i}",
              "timestamp": 1_000 + i} for i in range(20)]
