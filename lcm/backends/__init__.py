@@ -63,8 +63,8 @@ class SearchSpec:
     #: keyed by what it describes. Copies made with ``dataclasses.replace`` share it, so the
     #: dozens of queries of one search (the any-word part's terms and pairs) look the scope up
     #: once; a new search starts with a new spec, so nothing is kept past one transaction. Also
-    #: what one search learns about the whole table: its newest id (``NEWEST_ID``), a word's
-    #: document frequency.
+    #: what one search learns about the whole table: its newest id (:meth:`newest_id`), a
+    #: word's document frequency (SQLite).
     scope_memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def newest_id(self, conn: Connection, table: str) -> int:
