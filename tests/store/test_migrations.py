@@ -156,7 +156,9 @@ WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002
            "0011_deferred_token_counts": write_at_0006,
            # 0013 gives lcm's generated messages what they stand in for: rows written before
            # keep none (their summaries are lcm's own, as before, and cover nothing known).
-           "0012_stems_off_the_turn": write_at_0006}
+           "0012_stems_off_the_turn": write_at_0006,
+           # 0014 sets a storage parameter of PostgreSQL's search indexes: the same rows.
+           "0013_generated_coverage": write_at_0006}
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -201,6 +203,14 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     bad = [c for c in store.health.checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad
+    # 0014: PostgreSQL's search indexes keep small pending lists (every search reads them).
+    if store.backend_name == "postgresql":
+        with store.engine.connect() as conn:
+            options = dict(conn.execute(text(
+                "SELECT c.relname, array_to_string(c.reloptions, ',') FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() "
+                "AND c.relkind = 'i' AND c.relname LIKE 'ix\\_%search%'")).all())
+        assert len(options) == 4 and set(options.values()) == {"gin_pending_list_limit=256"}, options
 
 
 # ----------------------------------------------------------------- tests
