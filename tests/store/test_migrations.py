@@ -210,7 +210,7 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
                 "SELECT c.relname, array_to_string(c.reloptions, ',') FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() "
                 "AND c.relkind = 'i' AND c.relname LIKE 'ix\\_%search%'")).all())
-        assert len(options) == 4 and set(options.values()) == {"gin_pending_list_limit=256"}, options
+        assert len(options) == 4 and set(options.values()) == {"gin_pending_list_limit=1024"}, options
 
 
 # ----------------------------------------------------------------- tests
