@@ -59,10 +59,14 @@ def role_of(message: Any) -> str | None:
 def is_lcm_summary(message: Any) -> bool:
     """True for a message that *looks like* one lcm generated (it starts with the marker).
     Use only on lcm's own output; a host transcript is read with :class:`OwnMessages`."""
-    if not isinstance(message, Mapping):
-        return False
-    text = content_text(message.get("content")).lstrip()
-    return text.startswith(SUMMARY_MARKER)
+    return isinstance(message, Mapping) and _starts_with_marker(message.get("content"))
+
+
+def _starts_with_marker(content: Any) -> bool:
+    """Whether ``content``'s text starts with lcm's marker (a plain string is read as it is:
+    every message of every turn takes this test)."""
+    text = content if type(content) is str else content_text(content)
+    return text.lstrip().startswith(SUMMARY_MARKER)
 
 
 #: Where lcm cut a message too large for the context window (see ``lcm.assembly.cut_message``).
@@ -76,10 +80,7 @@ def generated_digest(message: Any) -> str | None:
     if type(message) is not dict and not isinstance(message, Mapping):  # a dict: no ABC check
         return None
     content = message.get("content")
-    if type(content) is str:  # the common case, tested inline: every message of every turn takes it
-        if not (content.lstrip().startswith(SUMMARY_MARKER) or CUT_NOTE in content):
-            return None
-    elif not is_lcm_summary(message):
+    if not (_starts_with_marker(content) or (isinstance(content, str) and CUT_NOTE in content)):
         return None
     text = f"{message.get('role')}\x00{message.get('tool_call_id')}\x00{content_text(content)}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
