@@ -127,6 +127,7 @@ class ContextSession(Turns):
         self._carry_from: int | None = None
         self._stalled_at: int | None = None  # context size at which compaction last found nothing
         self._handed: list[Any] | None = None  # the last context handed to (or kept by) the host
+        self._own_counted: tuple[list[Any], int] = ([], 0)
         #: Wall clock (injectable): how long the host has been idle, for the cold-cache rule.
         self.clock = clock
         #: When the host's model last answered (its prompt cache was last touched); None before

@@ -70,7 +70,7 @@ class Turns(ABC):
     _handed: list[Any] | None
     _trigger_seen: float | None
     #: The host messages :meth:`_measure` last read and the tokens of lcm's own among them.
-    _own_counted: tuple[list[Any], int] = ([], 0)
+    _own_counted: tuple[list[Any], int]
 
     @property
     @abstractmethod
