@@ -88,6 +88,9 @@ def backend_url(backend: str) -> tuple[str, Callable[[], None]]:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, ``q`` a fraction (0.95, not 95)."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"pct takes a fraction of 1, got {q}")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else 0.0
 

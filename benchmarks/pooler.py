@@ -156,7 +156,7 @@ def run(backend: str, url: str, *, agents: int = 500, processes: int = 10, turns
             "peak_client_connections": peak_clients, "peak_server_connections": peak_servers,
             "max_client_wait_ms": max_wait_us / 1000, "turns": len(times),
             "turns_per_s": len(times) / max(1e-9, finished - start_at),
-            "turn_ms": summary_ms(times), "turn_p99_ms": pct(times, 99) if times else None,
+            "turn_ms": summary_ms(times), "turn_p99_ms": pct(times, 0.99) if times else None,
             "search_ms": summary_ms(searches) if searches else None,
             "errors": len(errors), "error_samples": errors[:5],
             "messages_sent": sent, "messages_stored": int(rows), "stored_twice": int(rows) - int(distinct),
