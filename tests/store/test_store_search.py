@@ -396,6 +396,66 @@ def test_postgres_ranked_search_of_a_common_word_is_bounded_and_says_so(pg_url, 
     assert store.search.messages("42", agent="agent-a").hits[0].snippet == "common **42**"
 
 
+@pytest.mark.postgres
+def test_postgres_leaves_the_agent_lexeme_out_only_while_the_agent_is_alone(pg_url, monkeypatch):
+    """An agent alone in the store is searched without its scope lexeme (GIN would intersect
+    every word with all of the table's rows); once another agent has a message, or row-level
+    security is on, the lexeme is back. Whatever the check says, no other agent's row is
+    returned: a check that raced another agent's first write ("alone" while it is not) costs
+    candidates that are dropped when the hits are read back within the agent."""
+    from sqlalchemy import event
+
+    import lcm.backends.pg_search as pg
+    from lcm.store import Store
+
+    store = Store.open(pg_url, upgrade=True)
+    mine = store.sessions.get_or_create("agent-a", "s")
+    ids = append_messages(store, mine.id, [{"role": "user", "content": f"wombat burrow {i}"} for i in range(5)]
+                          + [{"role": "assistant", "content": "burrows of a wombat"}]).store_ids
+    agent_pk = mine.agent_pk
+    queries: list[str] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def _seen(conn, cursor, statement, parameters, context, executemany):
+        if isinstance(parameters, dict) and isinstance(parameters.get("q"), str):
+            queries.append(parameters["q"])
+
+    def search(**kwargs):
+        queries.clear()
+        return store.search.messages("wombat burrow", agent="agent-a", limit=50, **kwargs)
+
+    alone = search(sort="relevance", any_words=True)
+    assert {h.id for h in alone.hits} == set(ids)
+    assert queries and not any(f"§a{agent_pk}" in q for q in queries)
+    in_session = search(session_pk=mine.id)
+    assert {h.id for h in in_session.hits} == set(ids[:5])
+    assert all(f"§s{mine.id}" in q for q in queries)
+
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, theirs.id, [{"role": "user", "content": "wombat burrow theirs"}])
+    for sort in ("recency", "relevance"):
+        got = search(sort=sort, any_words=True)
+        assert {h.id for h in got.hits} == set(ids)
+        assert queries and all(f"§a{agent_pk}" in q for q in queries)
+
+    monkeypatch.setattr(pg.PgSearch, "agent_alone", staticmethod(lambda conn, spec, base: True))  # the race
+    for sort in ("recency", "relevance"):
+        got = search(sort=sort, any_words=True)
+        assert {h.id for h in got.hits} <= set(ids) and "theirs" not in " ".join(h.snippet for h in got.hits)
+    monkeypatch.undo()
+
+    with store.engine.begin() as conn:  # agent-b gone, row-level security on: the lexeme stays
+        conn.exec_driver_sql(f"DELETE FROM lcm_message_stems WHERE agent_id <> {agent_pk}")
+        conn.exec_driver_sql(f"DELETE FROM lcm_messages WHERE agent_id <> {agent_pk}")
+        conn.exec_driver_sql("ALTER TABLE lcm_messages ENABLE ROW LEVEL SECURITY")
+    assert {h.id for h in search(sort="relevance", any_words=True).hits} == set(ids)
+    assert queries and all(f"§a{agent_pk}" in q for q in queries)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE lcm_messages DISABLE ROW LEVEL SECURITY")
+    search()
+    assert queries and not any(f"§a{agent_pk}" in q for q in queries)
+
+
 def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_windows):
     """Regression: the agent-wide window must be the newest rows by store order, not by seq."""
     sessions = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(3)]
