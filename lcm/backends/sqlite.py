@@ -28,9 +28,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, event, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from lcm.backends import Backend, IndexRow, SearchSpec
+from lcm.backends.sqlite_driver import driver_execute
 from lcm.backends.sqlite_search import BASE_TABLES, FTS_TABLES, STEM_TABLES, Fts5Search
 from lcm.config import sqlite_busy_timeout_ms
 from lcm.errors import first_line
@@ -52,18 +53,6 @@ _MARK = "SELECT indexed_through FROM lcm_search_marks WHERE name = 'messages'"
 
 #: Bound variables one statement may hold (SQLITE_MAX_VARIABLE_NUMBER's default since 3.32).
 MAX_VARIABLES = 32766
-
-
-def _driver_execute(conn: Connection, sql: str, params: Sequence[Any]) -> Any:
-    """``sql`` on the driver's own connection, inside the transaction ``conn`` holds; a driver
-    error comes out as SQLAlchemy's (what the store's error handling catches)."""
-    import sqlite3
-
-    driver: Any = conn.connection.driver_connection
-    try:
-        return driver.execute(sql, params)
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
 
 
 def _mode(path: Path) -> str:
@@ -218,7 +207,7 @@ class SQLiteBackend(Backend):
                     f"INSERT INTO lcm_messages ({', '.join(columns)}) VALUES {', '.join([one] * len(chunk))} "
                     f"ON CONFLICT DO NOTHING RETURNING {', '.join(returning)}")
             params = [row[name] for row in chunk for name in columns]
-            out.extend(tuple(r) for r in _driver_execute(conn, sql, params).fetchall())
+            out.extend(tuple(r) for r in driver_execute(conn, sql, params).fetchall())
         return out
 
     def returning_row(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> Mapping[str, Any] | None:
@@ -229,7 +218,7 @@ class SQLiteBackend(Backend):
             done = stmt.compile(dialect=conn.dialect)
             compiled = self._inserts[stmt] = (str(done), tuple(done.positiontup or ()))
         sql, order = compiled
-        cursor = _driver_execute(conn, sql, [params[name] for name in order])
+        cursor = driver_execute(conn, sql, [params[name] for name in order])
         row = cursor.fetchone()
         if row is None:
             return None

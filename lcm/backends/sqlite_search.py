@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from lcm.backends import SearchSpec, post_filters, role_token, window_rank
+from lcm.backends.sqlite_driver import driver_execute
 from lcm.records import Candidate
 from lcm.textindex import Query, Term
 
@@ -30,9 +31,9 @@ def _doc_freq(conn: Connection, spec: SearchSpec, kind: str, term: Term) -> floa
     once per search (the ranked all-words search and its any-word part ask for the same words)."""
     def walk() -> float:
         fts = FTS_TABLES[kind]
-        sampled, oldest = conn.execute(text(
-            f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
-            "ORDER BY rowid DESC LIMIT :n)"), {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).one()
+        sampled, oldest = driver_execute(
+            conn, f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
+            "ORDER BY rowid DESC LIMIT :n)", {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).fetchone()
         return window_rank.estimate_doc_freq(int(sampled), oldest, spec.newest_id(conn, BASE_TABLES[kind]))
     return float(spec.remembered(("doc_freq", kind, term), walk))
 
@@ -89,9 +90,9 @@ class Fts5Search:
         # that also carry its scope token).
         params: dict[str, Any] = {"match": match, "want": want, "lo": first_id, "hi": last_id}
         within = f"{fts} MATCH :match" + (" AND rowid BETWEEN :lo AND :hi" if first_id is not None else "")
-        if not spec.has_post_filters:
+        if not spec.has_post_filters:  # the hot path (auto-recall: ~20 a search), on the driver
             sql = f"SELECT rowid, {score} FROM {fts} WHERE {within} ORDER BY rowid DESC LIMIT :want"
-            rows = conn.execute(text(sql), params).all()
+            rows = driver_execute(conn, sql, params).fetchall()
             clamped = spec.ranked and len(rows) >= want
         else:
             base = BASE_TABLES[kind]
@@ -113,7 +114,7 @@ class Fts5Search:
             else:
                 clamped = spec.ranked
         if not spec.ranked:
-            return [Candidate(r[0]) for r in rows], clamped
+            return list(map(Candidate, (r[0] for r in rows))), clamped
         if native:  # bm25() is lower-is-better; lcm reports higher-is-better scores
             return [Candidate(int(r[0]), -float(r[1])) for r in rows], clamped
         ids = [int(r[0]) for r in rows]
