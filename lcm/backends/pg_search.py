@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from lcm.backends import SearchSpec, post_filters
+from lcm.backends.pg_driver import driver_rows
 from lcm.backends.pg_text import LexemeStats, _quote, estimated_matches, gin_postings, render_tsquery
 from lcm.records import Candidate
 from lcm.textindex import Term
@@ -299,14 +300,13 @@ class PgSearch:
         row instead: 115k rows read for 867 matches at 1M messages.)
         """
         below = " AND t.id + 0 < :floor" if floor_id is not None else ""
-        rows = conn.execute(text(
-            f"WITH g AS MATERIALIZED (SELECT t.id, {q.score} AS score FROM {q.source} {q.platform_join}"
+        rows = driver_rows(  # about 20 an auto-recall: psycopg's own cursor, see pg_driver
+            conn, f"WITH g AS MATERIALIZED (SELECT t.id, {q.score} AS score FROM {q.source} {q.platform_join}"
             f"WHERE {q.vector} @@ CAST(:q AS tsquery){below}"
             f"{''.join(' AND ' + f for f in q.filters)}) "
-            "SELECT id, score FROM g ORDER BY id DESC LIMIT :need"),
-            {**q.params, "floor": floor_id, "need": need}).all()
+            "SELECT id, score FROM g ORDER BY id DESC LIMIT :need", {**q.params, "floor": floor_id, "need": need})
         if not q.ranked:  # psycopg returns bigint as int, and no score
-            return [Candidate(r[0]) for r in rows]
+            return list(map(Candidate, (r[0] for r in rows)))
         return [Candidate(int(r[0]), _score(r[1])) for r in rows]
 
     def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:

@@ -27,9 +27,10 @@ from sqlalchemy import Connection, Engine, Table, TextClause, event, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import DisconnectionError
 
 from lcm.backends import Backend, IndexRow, SearchSpec
+from lcm.backends.pg_driver import driver_row
 from lcm.backends.pg_search import PgSearch
 from lcm.backends.pg_text import scope_lexemes, tsvector_literal
 from lcm.config import application_name, pg_lock_timeout_ms, pg_pooler, pg_statement_timeout_ms
@@ -95,35 +96,6 @@ def _fused_append(table: Table, columns: Sequence[str]) -> TextClause:
 _MESSAGES_AT = text(
     "SELECT m.id, m.session_id, m.seq, m.ts FROM unnest(CAST(:s AS bigint[]), CAST(:q AS integer[])) AS p(s, q) "
     "JOIN lcm_messages m ON m.session_id = p.s AND m.seq = p.q")
-
-#: Result column names by statement text (``_driver_row``).
-_COLUMN_NAMES: dict[str, list[str]] = {}
-
-
-def _driver_row(conn: Connection, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    """The first row of ``sql`` (``%(name)s`` placeholders) run on the driver's connection
-    that ``conn`` holds, as a dict. A driver error comes out as SQLAlchemy's, and one that
-    means the connection is gone invalidates it first, as SQLAlchemy would (the store reports
-    it retryable, and the pool never hands the dead connection out again)."""
-    driver: Any = conn.connection.driver_connection
-    dbapi: Any = conn.dialect.loaded_dbapi  # psycopg, imported by SQLAlchemy (an optional extra)
-    try:
-        with driver.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-            if row is None:
-                return None
-            names = _COLUMN_NAMES.get(sql)
-            if names is None:  # the same for every run of a statement: read once
-                names = _COLUMN_NAMES[sql] = [d.name for d in cursor.description]
-            return dict(zip(names, row, strict=True))
-    except dbapi.Error as exc:
-        gone = conn.dialect.is_disconnect(exc, driver, None)
-        if gone:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(sql, params, exc, dbapi.Error, hide_parameters=True,
-                                  connection_invalidated=gone, dialect=conn.dialect) from exc
-
 
 def lsn_bytes(lsn: str) -> int:
     """A WAL position (``16/B374D848``) as a byte offset, to compare two of them."""
@@ -285,7 +257,7 @@ class PostgresBackend(Backend):
         sql = self._inserts.get(key)
         if sql is None:  # compiled once per shape, for the driver's own placeholders
             sql = self._inserts[key] = str(_fused_append(table, columns).compile(dialect=conn.dialect))
-        return _driver_row(conn, sql, params)
+        return driver_row(conn, sql, params)
 
     def insert_ignore(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]],
                       conflict_columns: Sequence[str]) -> None:
