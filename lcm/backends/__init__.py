@@ -214,6 +214,12 @@ class Backend(ABC):
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         """As :meth:`search_messages` for summary nodes (session and agent scope only)."""
 
+    def search_messages_many(self, conn: Connection, specs: Sequence[SearchSpec]
+                             ) -> list[tuple[list[Candidate], bool]]:
+        """:meth:`search_messages` of each spec, in order: the any-word part's lookups, which
+        do not depend on each other. A backend may answer several in one statement."""
+        return [self.search_messages(conn, spec) for spec in specs]
+
     @abstractmethod
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         """About how many rows of the whole table (``messages`` or ``summaries``) contain

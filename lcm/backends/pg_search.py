@@ -128,16 +128,51 @@ class PgSearch:
         they are stale and a word grew common since, the cost is that word's GIN matches once,
         never a plan that walks the table.
         """
+        route, q = self._route(conn, spec, base, ts_col, roles)
+        if q is None:
+            return [], False
+        if route == "gin":  # phase 0
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
+        return self._phases(conn, spec, route, q)
+
+    def search_many(self, conn: Connection, specs: Sequence[SearchSpec], base: str, ts_col: str
+                    ) -> list[tuple[list[Candidate], bool]]:
+        """:meth:`search` of each spec, the same answers; the plain lookups that go straight to
+        the GIN index (the any-word part's words alone: no rank, no filter) in one statement,
+        each its own fenced branch of a ``UNION ALL``. An auto-recall looks up about 20 words
+        this way: one round trip and one executor start instead of 20 (measured at 100k
+        messages: 26 -> 19 ms for the lookups of one recall)."""
+        routes = [self._route(conn, spec, base, ts_col, spec.roles) for spec in specs]
+        plain = {i: q for i, (route, q) in enumerate(routes)
+                 if route == "gin" and q is not None and not q.ranked and not q.filters and not q.platform_join}
+        batched = self._gin_lookups(conn, plain) if len(plain) > 1 else {}
+        out: list[tuple[list[Candidate], bool]] = []
+        for i, (spec, (route, q)) in enumerate(zip(specs, routes, strict=True)):
+            if q is None:
+                out.append(([], False))
+            elif i in batched:
+                out.append((batched[i], spec.ranked and len(batched[i]) >= q.need))
+            elif route == "gin":
+                found = self._gin_phase(conn, q, None, q.need)
+                out.append((found, spec.ranked and len(found) >= q.need))
+            else:
+                out.append(self._phases(conn, spec, route, q))
+        return out
+
+    def _route(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
+               roles: Sequence[str]) -> tuple[str, _PhaseQuery | None]:
+        """Which phase answers ``spec`` (see :meth:`search`): ``gin`` (phase 0), ``scope``
+        (phase S) or ``probe`` (phases 1 and 2), with the rendered query; None for a query
+        that cannot match."""
         scope = scope_lexemes_for(spec, base, self.agent_alone(conn, spec, base))
         if spec.stemmed:
             rendered = self._stemmed_tsquery(conn, spec, roles, scope)
             if rendered is None:  # a word that must match is a stop word of the configuration
-                return [], False
+                return "gin", None
             # Stemmed searches are the any-word part's per-word lookups of words that are not
             # common: the GIN index at once (the statistics are the exact column's, not these).
-            q = self._phase_query(spec, base, ts_col, roles, scope, stemmed=rendered)
-            found = self._gin_phase(conn, q, None, q.need)
-            return found, spec.ranked and len(found) >= q.need
+            return "gin", self._phase_query(spec, base, ts_col, roles, scope, stemmed=rendered)
         q = self._phase_query(spec, base, ts_col, roles, scope)
         stats = self._lexeme_stats(conn, base)
         scope_rows = spec.remembered(("rows", base, spec.agent_pk, spec.session_pk),
@@ -148,10 +183,16 @@ class PgSearch:
             everywhere = estimated_matches(spec.query, (), stats)  # the words alone, store-wide
             in_scope = None if everywhere is None or stats is None else everywhere / stats.rows * scope_rows
             if postings is None or scanned_rows(scope_rows, in_scope, q.need + 1) * SCAN_ROW_COST < postings:
-                return self._scope_phase(conn, q)
+                return "scope", q
         if estimated is not None and estimated <= GIN_DIRECT_MAX:  # phase 0
-            found = self._gin_phase(conn, q, None, q.need)
-            return found, spec.ranked and len(found) >= q.need
+            return "gin", q
+        return "probe", q
+
+    def _phases(self, conn: Connection, spec: SearchSpec, route: str, q: _PhaseQuery
+                ) -> tuple[list[Candidate], bool]:
+        """Phase S, or phases 1 then 2 (see :meth:`search`)."""
+        if route == "scope":
+            return self._scope_phase(conn, q)
         rows, found = self._probe_phase(conn, q)
         if len(found) >= q.need:
             return found, spec.ranked
@@ -308,6 +349,23 @@ class PgSearch:
         if not q.ranked:  # psycopg returns bigint as int, and no score
             return list(map(Candidate, (r[0] for r in rows)))
         return [Candidate(int(r[0]), _score(r[1])) for r in rows]
+
+    @staticmethod
+    def _gin_lookups(conn: Connection, lookups: dict[int, _PhaseQuery]) -> dict[int, list[Candidate]]:
+        """:meth:`_gin_phase` of several plain lookups (no rank, no filter) in one statement:
+        each branch is that phase's own fenced query, with its parameters renamed apart."""
+        branches: list[str] = []
+        params: dict[str, Any] = {}
+        for i, q in lookups.items():
+            params[f"q{i}"], params[f"need{i}"] = q.params["q"], q.need
+            branches.append(
+                f"SELECT {i} AS k, b.id FROM (WITH g AS MATERIALIZED (SELECT t.id FROM {q.source} "
+                f"WHERE {q.vector} @@ CAST(:q{i} AS tsquery)) "
+                f"SELECT id FROM g ORDER BY id DESC LIMIT :need{i}) b")
+        found: dict[int, list[Candidate]] = {i: [] for i in lookups}
+        for k, row_id in driver_rows(conn, " UNION ALL ".join(branches) + " ORDER BY k, id DESC", params):
+            found[k].append(Candidate(row_id))
+        return found
 
     def _lexeme_stats(self, conn: Connection, base: str) -> LexemeStats | None:
         """The table's most common lexemes and their row frequencies (cached ``STATS_TTL_S``)."""

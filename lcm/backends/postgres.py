@@ -349,6 +349,10 @@ class PostgresBackend(Backend):
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._searches.search(conn, spec, "lcm_summaries", "latest_at", ())
 
+    def search_messages_many(self, conn: Connection, specs: Sequence[SearchSpec]
+                             ) -> list[tuple[list[Candidate], bool]]:
+        return self._searches.search_many(conn, specs, "lcm_messages", "ts")
+
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         return self._searches.term_rows(conn, kind, term)
 

@@ -58,6 +58,7 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
 #: Per kind: the backend's estimate of how many rows contain a term (None: unknown).
 _TermRows = Callable[[Connection, SearchSpec, Term], float | None]
+_Many = Callable[[Connection, Sequence[SearchSpec]], list[tuple[list[Candidate], bool]]]
 
 
 def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
@@ -198,7 +199,8 @@ class SearchRepository:
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
                          _message_hits, messages_t, lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
-                         time_from=time_from, time_to=time_to, snippets=snippets)
+                         time_from=time_from, time_to=time_to, snippets=snippets,
+                         candidates_many=backend.search_messages_many)
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -213,8 +215,8 @@ class SearchRepository:
 
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-             hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool,
-             **filters: Any) -> SearchResult:
+             hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool, *,
+             candidates_many: _Many | None = None, **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -239,9 +241,10 @@ class SearchRepository:
             wider = any_words(spec.query) if with_any and len(chosen) < limit else None
             if wider is not None:
                 newest = spec.newest_id(conn, table.name)
+                many = candidates_many or (lambda conn, specs: [candidates_of(conn, s) for s in specs])
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
-                                                    {c.id for c in chosen}, int(newest), candidates_of, hits_of,
-                                                    term_rows, self._core.backend.prepare_terms)
+                                                    {c.id for c in chosen}, int(newest), candidates_of, many,
+                                                    hits_of, term_rows, self._core.backend.prepare_terms)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
@@ -250,7 +253,7 @@ class SearchRepository:
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
                    candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-                   hits_of: _Hits, term_rows: _TermRows,
+                   candidates_many: _Many, hits_of: _Hits, term_rows: _TermRows,
                    prepare: Callable[[Connection, Sequence[Term]], None]) -> tuple[list[SearchHit], bool]:
     """Rows with some of the query's content words that the all-words search did not return,
     best first whatever the sort (newest first would bury a question's answer under every
@@ -278,11 +281,23 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
     idfs: dict[tuple[Term, bool], float] = {}
     common: set[Term] = set()
 
+    def lookup(group: tuple[Term, ...], stemmed: bool) -> SearchSpec:
+        """Rows with every term of ``group``, newest first, capped."""
+        return replace(spec, query=Query(groups=tuple((t,) for t in group), negatives=spec.query.negatives),
+                       ranked=False, limit=ANY_TERM_MATCHES, stemmed=stemmed)
+
     def collect(group: tuple[Term, ...], stemmed: bool) -> bool:
-        """Rows with every term of ``group`` (newest first, capped); True when capped."""
-        found, _ = candidates_of(conn, replace(spec, query=Query(groups=tuple((t,) for t in group),
-                                                                  negatives=spec.query.negatives),
-                                               ranked=False, limit=ANY_TERM_MATCHES, stemmed=stemmed))
+        """Looks ``group`` up and takes its rows; True when capped."""
+        return take(group, stemmed, candidates_of(conn, lookup(group, stemmed))[0])
+
+    def alone(words: list[Term], stemmed: bool) -> None:
+        """Each word looked up alone: lookups independent of each other, so at once."""
+        for term, (found, _) in zip(words, candidates_many(conn, [lookup((t,), stemmed) for t in words]),
+                                    strict=True):
+            take((term,), stemmed, found)
+
+    def take(group: tuple[Term, ...], stemmed: bool, found: list[Candidate]) -> bool:
+        """The rows of ``group``'s lookup noted for scoring; True when capped."""
         into = stems if stemmed else exact
         mask = sum(bits[t] for t in group)
         had = into.get
@@ -305,13 +320,11 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
             idfs[t, False] = window_rank.idf(rows_with, newest_id)
     if common and len(common) == len(terms):  # every word is common: still look up the rarest
         common.discard(min(terms, key=lambda t: known[t] or 0.0))
-    prepare(conn, [t for t in terms if t not in common])
-    for term in terms:
-        if term in common:
-            continue
-        collect((term,), stemmed=False)
-        if term not in common:  # a common word's other forms are commoner still: little to gain
-            collect((term,), stemmed=True)
+    looked_up = [t for t in terms if t not in common]
+    prepare(conn, looked_up)
+    alone(looked_up, stemmed=False)
+    # A word capped as written is common: its other forms are commoner still, little to gain.
+    alone([t for t in looked_up if t not in common], stemmed=True)
     rarest = sorted(terms, key=lambda t: -idfs[t, False])[:ANY_PAIR_TERMS]
     clamped = len(rarest) < 2 and bool(common)  # one common word: only its newest rows were seen
     for i, a in enumerate(rarest):

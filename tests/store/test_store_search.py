@@ -456,6 +456,54 @@ def test_postgres_leaves_the_agent_lexeme_out_only_while_the_agent_is_alone(pg_u
     assert queries and not any(f"§a{agent_pk}" in q for q in queries)
 
 
+@pytest.mark.postgres
+def test_postgres_answers_many_lookups_at_once_as_it_answers_each(pg_url, monkeypatch):
+    """``search_messages_many`` (the any-word part's words alone, at once) gives what
+    ``search_messages`` gives for each spec: the plain GIN lookups in one statement, whatever
+    else (a ranked search, a filtered one, a stop word's stems, a phrase) one by one."""
+    import lcm.backends.pg_search as pg
+    from lcm.backends import SearchSpec
+    from lcm.store import Store
+    from lcm.textindex import parse_query
+
+    store = Store.open(pg_url, upgrade=True)
+    mine = store.sessions.get_or_create("agent-a", "s")
+    words = ["wombat", "burrow", "eucalyptus", "koala", "the", "nothingmatches"]
+    append_messages(store, mine.id, [{"role": "user", "content": f"the {w} {i} burrowing wombats"}
+                                     for i in range(40) for w in words[:4] if i % (words.index(w) + 1) == 0])
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, theirs.id, [{"role": "user", "content": "wombat burrow koala theirs"}])
+    statements: list[str] = []
+    real = pg.driver_rows
+
+    def counted(conn, sql, params):
+        statements.append(sql)
+        return real(conn, sql, params)
+
+    monkeypatch.setattr(pg, "driver_rows", counted)
+    specs = []
+    for w in words:
+        for stemmed in (False, True):
+            specs.append(SearchSpec(query=parse_query(w), agent_pk=mine.agent_pk, session_pk=None, ranked=False,
+                                    limit=7, stemmed=stemmed))
+    specs.append(SearchSpec(query=parse_query("wombat burrow"), agent_pk=mine.agent_pk, session_pk=None,
+                            ranked=True, limit=5))
+    specs.append(SearchSpec(query=parse_query('"the wombat"'), agent_pk=mine.agent_pk, session_pk=mine.id,
+                            ranked=False, limit=50, time_from=0.0))
+    backend = store._core.backend
+    store.search.catch_up()  # the stems are written after the turn (revision 0012)
+    with store.engine.connect() as conn:
+        one_by_one = [backend.search_messages(conn, spec) for spec in specs]
+        statements.clear()
+        at_once = backend.search_messages_many(conn, specs)
+    assert at_once == one_by_one
+    assert sum("UNION ALL" in sql for sql in statements) == 1
+    stemmed = [found for (found, _), spec in zip(at_once, specs, strict=True) if spec.stemmed]
+    assert all(stemmed[:4]) and not any(stemmed[4:])  # four words' forms; "the" and no match: none
+    for found in stemmed[:4]:  # capped at the limit, newest first
+        assert len(found) == 7 and [c.id for c in found] == sorted((c.id for c in found), reverse=True)
+
+
 def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_windows):
     """Regression: the agent-wide window must be the newest rows by store order, not by seq."""
     sessions = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(3)]
