@@ -94,7 +94,7 @@ class PgSearch:
 
         The scope lexeme makes GIN intersect each word's postings with the agent's, which in a
         store of one agent is every row: at 100k messages that intersection was 0.6-1.0 ms of a
-        1.4 ms word lookup, and auto-recall makes about 20 of them (47-53 -> 39-44 ms a recall).
+        1.4 ms word lookup, and auto-recall makes about 20 of them (64-89 -> 47-75 ms a recall).
         Every phase still reads only the agent's rows where it reads rows (``where_scope``), and
         hits are read back within the agent: an agent that starts writing while this search
         runs costs at most a candidate that is then dropped, never a row of its."""
