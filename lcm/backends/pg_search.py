@@ -72,12 +72,13 @@ _AGENT_ALONE = text(
     "FROM pg_class c WHERE c.oid = to_regclass('lcm_messages')")
 
 
-def scope_lexemes_for(spec: SearchSpec, base: str, alone: bool) -> list[str]:
+def scope_lexemes_for(spec: SearchSpec, alone: bool) -> list[str]:
     """The scope lexemes a search's GIN query carries: its session's, else its agent's, except
-    for the messages of an agent alone in the store (see ``PgSearch.agent_alone``)."""
+    for an agent alone in the store (``PgSearch.agent_alone``, which only says so for an
+    agent-wide search of messages)."""
     if spec.session_pk is not None:
         return [f"s{spec.session_pk}"]
-    return [] if alone and base == "lcm_messages" else [f"a{spec.agent_pk}"]
+    return [] if alone else [f"a{spec.agent_pk}"]
 
 
 class PgSearch:
@@ -128,13 +129,7 @@ class PgSearch:
         they are stale and a word grew common since, the cost is that word's GIN matches once,
         never a plan that walks the table.
         """
-        route, q = self._route(conn, spec, base, ts_col, roles)
-        if q is None:
-            return [], False
-        if route == "gin":  # phase 0
-            found = self._gin_phase(conn, q, None, q.need)
-            return found, spec.ranked and len(found) >= q.need
-        return self._phases(conn, spec, route, q)
+        return self._answer(conn, spec, *self._route(conn, spec, base, ts_col, roles))
 
     def search_many(self, conn: Connection, specs: Sequence[SearchSpec], base: str, ts_col: str
                     ) -> list[tuple[list[Candidate], bool]]:
@@ -147,25 +142,15 @@ class PgSearch:
         plain = {i: q for i, (route, q) in enumerate(routes)
                  if route == "gin" and q is not None and not q.ranked and not q.filters and not q.platform_join}
         batched = self._gin_lookups(conn, plain) if len(plain) > 1 else {}
-        out: list[tuple[list[Candidate], bool]] = []
-        for i, (spec, (route, q)) in enumerate(zip(specs, routes, strict=True)):
-            if q is None:
-                out.append(([], False))
-            elif i in batched:
-                out.append((batched[i], spec.ranked and len(batched[i]) >= q.need))
-            elif route == "gin":
-                found = self._gin_phase(conn, q, None, q.need)
-                out.append((found, spec.ranked and len(found) >= q.need))
-            else:
-                out.append(self._phases(conn, spec, route, q))
-        return out
+        return [(batched[i], False) if i in batched else self._answer(conn, spec, route, q)  # plain: unranked
+                for i, (spec, (route, q)) in enumerate(zip(specs, routes, strict=True))]
 
     def _route(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
                roles: Sequence[str]) -> tuple[str, _PhaseQuery | None]:
         """Which phase answers ``spec`` (see :meth:`search`): ``gin`` (phase 0), ``scope``
         (phase S) or ``probe`` (phases 1 and 2), with the rendered query; None for a query
         that cannot match."""
-        scope = scope_lexemes_for(spec, base, self.agent_alone(conn, spec, base))
+        scope = scope_lexemes_for(spec, self.agent_alone(conn, spec, base))
         if spec.stemmed:
             rendered = self._stemmed_tsquery(conn, spec, roles, scope)
             if rendered is None:  # a word that must match is a stop word of the configuration
@@ -188,9 +173,14 @@ class PgSearch:
             return "gin", q
         return "probe", q
 
-    def _phases(self, conn: Connection, spec: SearchSpec, route: str, q: _PhaseQuery
+    def _answer(self, conn: Connection, spec: SearchSpec, route: str, q: _PhaseQuery | None
                 ) -> tuple[list[Candidate], bool]:
-        """Phase S, or phases 1 then 2 (see :meth:`search`)."""
+        """``spec`` answered by the phases :meth:`_route` chose (see :meth:`search`)."""
+        if q is None:
+            return [], False
+        if route == "gin":  # phase 0
+            found = self._gin_phase(conn, q, None, q.need)
+            return found, spec.ranked and len(found) >= q.need
         if route == "scope":
             return self._scope_phase(conn, q)
         rows, found = self._probe_phase(conn, q)

@@ -97,6 +97,7 @@ _MESSAGES_AT = text(
     "SELECT m.id, m.session_id, m.seq, m.ts FROM unnest(CAST(:s AS bigint[]), CAST(:q AS integer[])) AS p(s, q) "
     "JOIN lcm_messages m ON m.session_id = p.s AND m.seq = p.q")
 
+
 def lsn_bytes(lsn: str) -> int:
     """A WAL position (``16/B374D848``) as a byte offset, to compare two of them."""
     high, _, low = lsn.partition("/")
