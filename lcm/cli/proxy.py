@@ -43,8 +43,8 @@ def proxy_command(upstream: str, url: str | None, agent: str, as_json: bool, hos
 
     Clients set their base URL to http://HOST:PORT/v1; their API key goes upstream untouched.
     --json prints the address as JSON, then serves."""
-    if find_spec("starlette") is None or find_spec("uvicorn") is None:
-        raise ConfigError(f"lcm proxy needs the ui extra (starlette, uvicorn): {install_command('ui')}")
+    if any(find_spec(name) is None for name in ("starlette", "uvicorn", "aiohttp")):
+        raise ConfigError(f"lcm proxy needs the ui extra (starlette, uvicorn, aiohttp): {install_command('ui')}")
     if not upstream.startswith(("http://", "https://")):
         raise ConfigError(f"--upstream must be an http(s) URL such as https://api.openai.com/v1, got {upstream!r}")
     from lcm.proxy.app import ProxySettings, create_app
@@ -78,4 +78,4 @@ def proxy_command(upstream: str, url: str | None, agent: str, as_json: bool, hos
         if generated:
             say(f"token for agent {agent!r}: {generated}  (base URL {info['base_url_with_token']})")
     sys.stdout.flush()
-    run(app, sock)
+    run(app, sock, lifespan=True)  # its lifespan closes the upstream connections

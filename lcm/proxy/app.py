@@ -17,8 +17,9 @@ loop):
    upstream call added up. Streams are relayed chunk by chunk as they arrive; a tool call's
    chunks are held until its round ends (the client could not run it before then anyway);
 5. only an answer that was complete is stored (a stream cut by either side stores nothing
-   of it: the client's retry gets, and stores, a new answer); a stream's answer is stored
-   before its end (``[DONE]``) is sent.
+   of it: the client's retry gets, and stores, a new answer; a stream is whole when it brought
+   ``[DONE]`` or a finish reason); a stream's answer is stored before its end (``[DONE]``) is
+   sent.
 
 An upstream error (status ≥ 400) comes back with its status and body unchanged. An upstream
 that does not answer within ``--timeout`` seconds (between two bytes of a stream) gives a 504,
@@ -30,12 +31,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -46,11 +45,12 @@ from lcm.errors import DatabaseUnavailableError, LcmError
 from lcm.proxy import toolloop
 from lcm.proxy.callers import AGENT_HEADER, SESSION_HEADER, TOKEN_HEADER, Callers
 from lcm.proxy.conversations import Conversation, Conversations, api_key_of
+from lcm.proxy.upstream import Answer, Streamed, Upstream, UpstreamTimeout, UpstreamUnreachable
 from lcm.proxy.wire import RequestError, StreamedAnswer, add_usage, error_body, parse_request, sse, sse_events
 
 log = logging.getLogger("lcm.proxy")
 
-#: Request headers never sent upstream: the proxy's own, and the hop-by-hop ones httpx sets.
+#: Request headers never sent upstream: the proxy's own, and the hop-by-hop ones the client sets.
 _NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding",
                             "accept-encoding", "te", "upgrade", "proxy-authorization",
                             SESSION_HEADER, AGENT_HEADER, TOKEN_HEADER})
@@ -63,9 +63,8 @@ class ProxySettings:
     tools: bool = True
 
 
-def create_app(settings: ProxySettings, conversations: Conversations, callers: Callers,
-               client: httpx.AsyncClient | None = None) -> Starlette:
-    proxy = _Proxy(settings, conversations, callers, client)
+def create_app(settings: ProxySettings, conversations: Conversations, callers: Callers) -> Starlette:
+    proxy = _Proxy(settings, conversations, callers)
     routes = [Route("/health", proxy.health, methods=["GET"])]
     for prefix in ("/v1", "/t/{token}/v1"):
         routes += [Route(f"{prefix}/chat/completions", proxy.completions, methods=["POST"]),
@@ -88,26 +87,28 @@ def _upstream_error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(error_body(message, kind="upstream_error", code=code), status_code=status)
 
 
+def _unreachable(exc: UpstreamUnreachable) -> JSONResponse:
+    return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
+
+
+def _as_received(answer: Answer) -> Response:
+    """The upstream's answer as it came: status, content type and bytes."""
+    return Response(answer.content, status_code=answer.status, media_type=answer.content_type)
+
+
 class _Proxy:
-    def __init__(self, settings: ProxySettings, conversations: Conversations, callers: Callers,
-                 client: httpx.AsyncClient | None):
+    def __init__(self, settings: ProxySettings, conversations: Conversations, callers: Callers):
         self.settings = settings
         self.conversations = conversations
         self.callers = callers
-        self.base = settings.upstream.rstrip("/")
-        # TCP_NODELAY: a request's head and body leave as two writes, and without it the second
-        # waits for the upstream's delayed ACK: 40 ms added to every call (measured).
-        self.client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout)),
-            transport=httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-                socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
+        self.upstream = Upstream(settings.upstream, settings.timeout)
+        self.base = self.upstream.base
 
     def _timed_out(self) -> JSONResponse:
         return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.upstream.close()
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "upstream": self.base})
@@ -122,14 +123,12 @@ class _Proxy:
             return _error(exc)
         tail = request.url.path.split("/v1", 1)[1]
         try:
-            answer = await self.client.get(self.base + tail, headers=self._forwarded(request),
-                                           params=dict(request.query_params))
-        except httpx.TimeoutException:
+            answer = await self.upstream.call("GET", tail, self._forwarded(request), params=dict(request.query_params))
+        except UpstreamTimeout:
             return self._timed_out()
-        except httpx.HTTPError as exc:
-            return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
-        return Response(answer.content, status_code=answer.status_code,
-                        media_type=answer.headers.get("content-type"))
+        except UpstreamUnreachable as exc:
+            return _unreachable(exc)
+        return _as_received(answer)
 
     # ------------------------------------------------------------------ completions
 
@@ -179,21 +178,18 @@ class _Proxy:
         usage: dict[str, Any] | None = None
         while True:
             try:
-                answer = await self.client.post(f"{self.base}/chat/completions", json=turn.upstream,
-                                                headers=turn.headers)
-            except httpx.TimeoutException:
+                answer = await self.upstream.call("POST", "/chat/completions", turn.headers, turn.upstream)
+            except UpstreamTimeout:
                 return self._timed_out()
-            except httpx.HTTPError as exc:
-                return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
-            if answer.status_code >= 400:
-                return Response(answer.content, status_code=answer.status_code,
-                                media_type=answer.headers.get("content-type"))
+            except UpstreamUnreachable as exc:
+                return _unreachable(exc)
+            if answer.status >= 400:
+                return _as_received(answer)
             try:
-                data = answer.json()
+                data = json.loads(answer.content)
                 message = dict(data["choices"][0]["message"])
             except (ValueError, KeyError, IndexError, TypeError):
-                return Response(answer.content, status_code=answer.status_code,
-                                media_type=answer.headers.get("content-type"))
+                return _as_received(answer)
             usage = add_usage(usage, data.get("usage"))
             mine, theirs = toolloop.split_calls(message.get("tool_calls"), turn.lcm_tools)
             if mine and not theirs and turn.rounds < toolloop.MAX_ROUNDS:
@@ -202,8 +198,7 @@ class _Proxy:
             break
         if not mine and turn.rounds == 0:  # untouched: the upstream's own bytes
             await self._keep(turn, message, usage)
-            return Response(answer.content, status_code=answer.status_code,
-                            media_type=answer.headers.get("content-type"))
+            return _as_received(answer)
         shown = toolloop.client_message(message, theirs)
         data["choices"][0]["message"] = shown
         if mine and not theirs and data["choices"][0].get("finish_reason") == "tool_calls":
@@ -215,39 +210,41 @@ class _Proxy:
 
     # ------------------------------------------------------------------ streams
 
-    async def _open(self, turn: _Turn) -> httpx.Response | Response:
+    async def _open(self, turn: _Turn) -> Streamed | Response:
         """The upstream's streamed answer, or the response to give the client instead."""
-        request = self.client.build_request("POST", f"{self.base}/chat/completions", json=turn.upstream,
-                                            headers=turn.headers)
         try:
-            answer = await self.client.send(request, stream=True)
-        except httpx.TimeoutException:
+            answer = await self.upstream.open("/chat/completions", turn.headers, turn.upstream)
+        except UpstreamTimeout:
             return self._timed_out()
-        except httpx.HTTPError as exc:
-            return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
-        if answer.status_code >= 400:
-            body = await answer.aread()
-            await answer.aclose()
-            return Response(body, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
+        except UpstreamUnreachable as exc:
+            return _unreachable(exc)
+        if answer.status >= 400:
+            try:
+                body = await answer.read()
+            except (UpstreamTimeout, UpstreamUnreachable) as exc:
+                return _unreachable(UpstreamUnreachable(f"its error answer broke off: {exc}"))
+            return _as_received(Answer(answer.status, answer.content_type, body))
         return answer
 
     async def _stream(self, turn: _Turn) -> Response:
         first = await self._open(turn)
-        if not isinstance(first, httpx.Response):
+        if not isinstance(first, Streamed):
             return first
         return StreamingResponse(self._relay(turn, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _relay(self, turn: _Turn, answer: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, turn: _Turn, answer: Streamed) -> AsyncIterator[bytes]:
         wants_usage = bool((turn.upstream.get("stream_options") or {}).get("include_usage"))
         usage: dict[str, Any] | None = None
         head: dict[str, Any] | None = None
         while True:
             streamed = StreamedAnswer()
             held: list[dict[str, Any]] = []  # the finish and usage chunks, until the round is decided
+            done = False
             try:
                 async for event in self._events(answer):
                     if event == "[DONE]":
+                        done = True
                         continue
                     try:
                         chunk = json.loads(event)
@@ -266,23 +263,29 @@ class _Proxy:
                         yield sse(shown)
                     if _has_finish(chunk) or chunk.get("usage"):
                         held.append(chunk)
-            except httpx.TimeoutException:
+            except UpstreamTimeout:
                 yield sse(error_body(f"the upstream stopped sending for {self.settings.timeout:g} s",
                                      kind="upstream_error", code="timeout"))
                 return
-            except httpx.HTTPError as exc:
+            except UpstreamUnreachable as exc:
                 yield sse(error_body(f"the upstream stream broke: {exc}", kind="upstream_error",
                                      code="upstream_unreachable"))
                 return
             finally:
-                await answer.aclose()
+                answer.close()
+            if not done and streamed.finish_reason is None:
+                # A connection closed mid-answer ends a body sent without a length like a whole
+                # one: only the stream's own end ([DONE], or a finish reason) says it is whole.
+                yield sse(error_body("the upstream's stream ended before its answer did", kind="upstream_error",
+                                     code="upstream_incomplete"))
+                return
             usage = add_usage(usage, streamed.usage)
             message = streamed.message()
             mine, theirs = toolloop.split_calls(message.get("tool_calls"), turn.lcm_tools)
             if mine and not theirs and turn.rounds < toolloop.MAX_ROUNDS:
                 await self._lcm_round(turn, message, mine)
                 nxt = await self._open(turn)
-                if not isinstance(nxt, httpx.Response):
+                if not isinstance(nxt, Streamed):
                     yield sse(json.loads(bytes(nxt.body)) if nxt.body else error_body(
                         "the upstream failed", kind="upstream_error"))
                     return
@@ -297,9 +300,9 @@ class _Proxy:
                 yield sse(chunk)
         yield sse("[DONE]")
 
-    async def _events(self, answer: httpx.Response) -> AsyncIterator[str]:
+    async def _events(self, answer: Streamed) -> AsyncIterator[str]:
         buffer = bytearray()
-        async for piece in answer.aiter_raw():
+        async for piece in answer.chunks():
             buffer += piece
             for event in sse_events(buffer):
                 yield event

@@ -38,9 +38,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(app: Any, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until interrupted."""
+def run(app: Any, sock: socket.socket, *, lifespan: bool = False) -> None:
+    """Serve ``app`` on ``sock`` until interrupted (``lifespan``: run the app's start-up and
+    shut-down handler)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on" if lifespan else "off")
     uvicorn.Server(config).run(sockets=[sock])

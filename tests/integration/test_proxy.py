@@ -5,7 +5,10 @@ errors and timeouts, and isolation between agents."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +244,127 @@ def test_an_upstream_that_hangs_costs_a_504_after_the_timeout(store, upstream):
         assert [m["role"] for m in stored(store, "default", session.session_key)] == ["user", "assistant"]
     finally:
         running.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["refused", "closed"])
+def test_an_upstream_that_cannot_answer_costs_a_502_and_the_retry_stores_nothing_twice(store, upstream, how):
+    """Nothing listening, or a connection closed without an answer: a 502 naming it."""
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello?"}]}
+    if how == "refused":
+        running = ProxyThread(store, f"http://127.0.0.1:{_free_port()}/v1")
+    else:
+        upstream.handler = lambda body: Reply(close=True)
+        running = ProxyThread(store, upstream.url)
+    try:
+        answer = httpx.post(running.url + "/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["error"]["code"] == "upstream_unreachable"
+    finally:
+        running.close()
+    upstream.handler = echo
+    running = ProxyThread(store, upstream.url)
+    try:
+        again = httpx.post(running.url + "/chat/completions", json=body, timeout=30)
+        assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] == "echo: hello?"
+    finally:
+        running.close()
+    (session,) = list(store.sessions.each("default"))
+    assert [m["role"] for m in stored(store, "default", session.session_key)] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("how", ["cut", "stalled"])
+def test_a_stream_the_upstream_breaks_off_ends_in_an_error_event_and_stores_no_answer(store, upstream, how):
+    """The first chunks reach the client; then the upstream closes the connection (cut: an
+    HTTP/1.0 body, which only the missing [DONE] and finish reason tell from a whole one) or
+    sends nothing for longer than --timeout (stalled). The client's stream ends with an error
+    event, no [DONE]; nothing of that answer is stored, and the retry's answer is, once."""
+    text = "x" * 600  # four events: the role, three of content
+    if how == "cut":
+        upstream.handler = lambda body: Reply(200, completion(text).body, cut_after=2)
+    else:
+        upstream.handler = lambda body: Reply(200, completion(text).body, drip=3.0)
+    running = ProxyThread(store, upstream.url, timeout=1.0)
+    body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "tell me"}]}
+    try:
+        with httpx.stream("POST", running.url + "/chat/completions", json=body, timeout=30) as answer:
+            assert answer.status_code == 200
+            events = [line[len("data: "):] for line in answer.iter_lines() if line.startswith("data: ")]
+        assert "[DONE]" not in events
+        last = json.loads(events[-1])
+        assert last["error"]["code"] == ("upstream_incomplete" if how == "cut" else "timeout"), last
+        assert any(json.loads(e).get("choices") for e in events[:-1])  # what came first was relayed
+        (session,) = list(store.sessions.each("default"))
+        assert [m["role"] for m in stored(store, "default", session.session_key)] == ["user"]
+        upstream.handler = echo
+        with httpx.stream("POST", running.url + "/chat/completions", json=body, timeout=30) as again:
+            assert [line for line in again.iter_lines() if line.startswith("data: ")][-1] == "data: [DONE]"
+        rows = stored(store, "default", session.session_key)
+        assert [(m["role"], m.get("content")) for m in rows] == [("user", "tell me"), ("assistant", "echo: tell me")]
+    finally:
+        running.close()
+
+
+class _ForwardProxy:
+    """A plain-HTTP forward proxy on 127.0.0.1 that relays each request and keeps its target."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _relay(self) -> None:
+                outer.targets.append(self.path)  # absolute-form: the upstream's own URL
+                length = int(self.headers.get("Content-Length") or 0)
+                sent = {k: v for k, v in self.headers.items()
+                        if k.lower() not in ("host", "proxy-connection", "connection", "content-length")}
+                with httpx.Client(trust_env=False, timeout=30) as relay:  # not through itself
+                    answer = relay.request(self.command, self.path, headers=sent,
+                                           content=self.rfile.read(length) if length else None)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = _relay
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize("bypassed", [False, True])
+def test_the_upstream_is_reached_through_the_environments_http_proxy(store, upstream, monkeypatch, bypassed):
+    """HTTP_PROXY is honoured, and NO_PROXY's hosts go direct (read when the proxy starts)."""
+    forward = _ForwardProxy()
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, forward.url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1" if bypassed else "")
+    running = ProxyThread(store, upstream.url)
+    try:  # the test's own client goes straight to lcm proxy
+        with httpx.Client(trust_env=False, timeout=30) as client:
+            answer = client.post(running.url + "/chat/completions", json={
+                "model": "gpt-4o", "messages": [{"role": "user", "content": "via whom?"}]})
+        assert answer.json()["choices"][0]["message"]["content"] == "echo: via whom?"
+        assert forward.targets == ([] if bypassed else [upstream.url + "/chat/completions"])
+    finally:
+        running.close()
+        forward.close()
 
 
 def test_models_are_passed_through(store, upstream, proxy):

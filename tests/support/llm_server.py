@@ -8,6 +8,7 @@ build the common answers: a text completion, a tool call, an error status, a sta
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ class Reply:
     delay: float = 0.0
     drip: float = 0.0  # seconds between bytes of the body, or between a stream's events
     close: bool = False  # close the connection without answering
+    cut_after: int | None = None  # a stream: close the connection after this many events
 
 
 def completion(text: str | None, *, tool_calls: list[dict] | None = None, model: str = "scripted",
@@ -116,18 +118,25 @@ class ScriptedLLM:
                     return
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    self._stream(reply.body, include_usage=usage, pause=reply.drip)
+                    self._stream(reply.body, include_usage=usage, pause=reply.drip, cut_after=reply.cut_after)
                 else:
                     self._send(reply)
 
-            def _stream(self, completion_body: dict[str, Any], include_usage: bool, pause: float = 0.0) -> None:
-                """The same completion as server-sent events, the way OpenAI streams it."""
+            def _stream(self, completion_body: dict[str, Any], include_usage: bool, pause: float = 0.0,
+                        cut_after: int | None = None) -> None:
+                """The same completion as server-sent events, the way OpenAI streams it (cut
+                short, the connection closed, after ``cut_after`` events)."""
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Cache-Control", "no-cache")
                     self.end_headers()
-                    for chunk in stream_chunks(completion_body, include_usage):
+                    for i, chunk in enumerate(stream_chunks(completion_body, include_usage)):
+                        if cut_after is not None and i >= cut_after:
+                            self.wfile.flush()
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
                         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         if pause:
                             self.wfile.flush()

@@ -37,7 +37,7 @@ class ProxyThread:
                          Callers(agent, tokens))
         self._sock = bind("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10

@@ -1,0 +1,145 @@
+"""The proxy's HTTP client to the upstream provider: one pooled, keep-alive aiohttp session.
+
+Why aiohttp and not httpx (which lcm uses everywhere else, synchronously): on this hot path,
+one upstream call per proxied request, httpx's async client cost 1.1 ms a call against 0.63 ms
+for aiohttp's (same upstream on 127.0.0.1, uvloop, p50 of 400 alternated calls; httpcore alone
+0.77). Through a whole pass-through proxy that was 1.6 against 1.0 ms added per request.
+
+The app sees only this module's small surface: a whole answer (:meth:`Upstream.call`), a
+streamed one (:meth:`Upstream.open`, then :meth:`Streamed.chunks`), and two errors,
+:class:`UpstreamTimeout` (nothing from the upstream for ``timeout`` seconds: between two bytes,
+as a stream waits) and :class:`UpstreamUnreachable` (refused, reset, cut mid-stream). Bodies are
+sent as the JSON the app built; answers come back as bytes, untouched (decompressed when the
+upstream compressed them, as the client asked nothing of the encoding: the app drops its
+``Accept-Encoding``). Redirects are not followed. ``HTTP(S)_PROXY`` and ``NO_PROXY`` are read
+once, when the proxy starts (aiohttp's ``trust_env`` reads them, and ``~/.netrc``, on every
+request: 0.45 ms a call, measured).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+#: Connections to the upstream at once, and kept open between requests.
+MAX_CONNECTIONS = 256
+KEEPALIVE_SECONDS = 60.0
+
+
+class UpstreamTimeout(Exception):
+    """The upstream sent nothing for the proxy's ``--timeout`` seconds."""
+
+
+class UpstreamUnreachable(Exception):
+    """The upstream refused, reset or cut the connection (the message says which)."""
+
+
+@dataclass
+class Answer:
+    """A whole answer: status, content type and the body's bytes as received."""
+
+    status: int
+    content_type: str | None
+    content: bytes
+
+
+class Streamed:
+    """An answer whose head has arrived; its body is read with :meth:`chunks`, then closed."""
+
+    def __init__(self, response: aiohttp.ClientResponse):
+        self._response = response
+        self.status = response.status
+        self.content_type: str | None = response.headers.get("content-type")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (raises UpstreamTimeout / UpstreamUnreachable)."""
+        try:
+            async for piece in self._response.content.iter_any():
+                yield piece
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _translated(exc) from exc
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _translated(exc) from exc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._response.release()
+
+
+def _translated(exc: BaseException) -> Exception:
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(str(exc) or "timed out")
+    return UpstreamUnreachable(str(exc) or type(exc).__name__)
+
+
+def proxy_for(url: str) -> str | None:
+    """The HTTP proxy the environment names for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY``,
+    ``NO_PROXY`` honoured), or None."""
+    parts = urllib.parse.urlsplit(url)
+    found = urllib.request.getproxies().get(parts.scheme)
+    if not found or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return found
+
+
+class Upstream:
+    """One provider's base URL and the session that calls it (made on first use, inside the
+    server's event loop, as aiohttp requires; closed by :meth:`close`)."""
+
+    def __init__(self, base: str, timeout: float):
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self.via = proxy_for(self.base)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0,
+                                               keepalive_timeout=KEEPALIVE_SECONDS),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, self.timeout),
+                                              sock_read=self.timeout),
+                auto_decompress=True)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    async def _send(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
+                    params: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
+        data = None
+        sent = dict(headers)
+        if body is not None:
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            sent = {k: v for k, v in sent.items() if k.lower() != "content-type"}
+            sent["Content-Type"] = "application/json"
+        try:
+            return await self._client().request(method, self.base + path, data=data, headers=sent,
+                                                params=params, allow_redirects=False,
+                                                proxy=self.via)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _translated(exc) from exc
+
+    async def call(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
+                   params: Mapping[str, str] | None = None) -> Answer:
+        """The whole answer to one request."""
+        response = await self._send(method, path, headers, body, params)
+        streamed = Streamed(response)
+        content = await streamed.read()
+        return Answer(streamed.status, streamed.content_type, content)
+
+    async def open(self, path: str, headers: Mapping[str, str], body: Any) -> Streamed:
+        """A POST whose answer is read as it arrives."""
+        return Streamed(await self._send("POST", path, headers, body))
