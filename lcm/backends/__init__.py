@@ -252,6 +252,9 @@ class Backend(ABC):
     defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
+    #: Whether a message waiting for :meth:`catch_up_index` is still found by its exact words
+    #: (only its stems wait, PostgreSQL), not missed altogether (SQLite).
+    pending_found_by_words: bool = False
     #: Whether a background thread should run :meth:`catch_up_index` after writes
     #: (``lcm.store.catchup``): where a catch-up on another connection runs beside the
     #: writes (PostgreSQL), not where it would wait for the writer's lock (SQLite).
@@ -262,9 +265,10 @@ class Backend(ABC):
         return (f"the newest {count} message{'s' if count != 1 else ''} stored since the index last caught "
                 "up were not searched (this store is read-only; the next search that may write indexes them)")
 
-    def pending_index(self, conn: Connection) -> int:
+    def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
         """Messages stored but not yet in the search index (0 where the insert indexes them,
-        as on PostgreSQL). See :meth:`catch_up_index`."""
+        as on PostgreSQL), those of session ``except_session`` not counted. See
+        :meth:`catch_up_index`."""
         return 0
 
     def catch_up_index(self, conn: Connection) -> None:  # noqa: B027 - optional hook

@@ -272,18 +272,20 @@ class PostgresBackend(Backend):
     #: vector is written with the row): the store runs it in the background and before searches.
     indexes_in_batches = True
     index_in_background = True
+    pending_found_by_words = True
 
     def unindexed_note(self, count: int) -> str:
         return (f"the newest {count} message{'s' if count != 1 else ''} stored since the stemmed index last "
                 "caught up were searched by their exact words only (this store could not stem them now; "
                 "the next search that may write does)")
 
-    def pending_index(self, conn: Connection) -> int:
+    def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
         """Messages not stemmed yet, from the sessions' watermarks (a partial index holds
         only the sessions that have any)."""
         return int(conn.execute(text(
             "SELECT coalesce(sum(last_seq - stemmed_seq), 0) FROM lcm_sessions "
-            "WHERE last_seq > stemmed_seq")).scalar_one())
+            "WHERE last_seq > stemmed_seq AND id <> :sid"), {"sid": -1 if except_session is None else except_session},
+        ).scalar_one())
 
     def catch_up_index(self, conn: Connection) -> None:
         """Stem every message above its session's watermark, in statements of ``STEM_BATCH``

@@ -118,7 +118,8 @@ class SearchPort(Protocol):
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
-                 any_words: bool = False, snippets: bool = True) -> SearchResult: ...
+                 any_words: bool = False, snippets: bool = True,
+                 held_session: int | None = None) -> SearchResult: ...
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None,
                   time_to: float | None = None, any_words: bool = False) -> SearchResult: ...

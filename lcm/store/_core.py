@@ -285,14 +285,22 @@ class StoreCore:
         if self.background is not None and not self.read_only:
             self.background.added(count)
 
-    def catch_up_index(self) -> int:
+    def catch_up_index(self, *, except_session: int | None = None) -> int:
         """Before a search: index the messages the backend left pending (SQLite indexes them
         in batches). Returns how many stay unindexed, and so unsearchable: 0, unless this
-        store may not write (``read_only``, or a file lcm cannot write)."""
+        store may not write (``read_only``, or a file lcm cannot write).
+
+        ``except_session``: a session whose pending messages the search may leave as they are
+        (its caller holds them in its context), where a pending message is still found by its
+        exact words (``Backend.pending_found_by_words``): then nothing is written when only
+        they wait, and the background catch-up stems them soon after. Elsewhere (SQLite, where
+        a pending message is not found at all) every pending message is indexed first."""
         if not self.backend.indexes_in_batches:
             return 0
+        if not self.backend.pending_found_by_words:
+            except_session = None
         with self.read() as conn:
-            pending = self.backend.pending_index(conn)
+            pending = self.backend.pending_index(conn, except_session=except_session)
         if not pending or self.read_only:
             return pending
         try:

@@ -185,7 +185,7 @@ class SearchRepository:
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
-                 any_words: bool = False, snippets: bool = True) -> SearchResult:
+                 any_words: bool = False, snippets: bool = True, held_session: int | None = None) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
@@ -194,13 +194,18 @@ class SearchRepository:
         ``limit`` rows have every word and ``any_words``, rows with some of the query's content
         words, best BM25 first (``match="any"``). ``snippets`` False: hits without snippets (no
         row is decoded for them), for a caller that reads the rows it keeps itself.
+        ``held_session``: a session whose newest messages the caller holds in its context and
+        leaves out of what it takes (auto-recall): on PostgreSQL, where a message waiting for
+        its stems is found by its exact words, the search does not stop to stem that
+        session's (a write of 1-3 ms); the background catch-up stems them within about a
+        second (``StoreCore.catch_up_index``).
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
                          _message_hits, messages_t, lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to, snippets=snippets,
-                         candidates_many=backend.search_messages_many)
+                         candidates_many=backend.search_messages_many, held_session=held_session)
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -216,11 +221,12 @@ class SearchRepository:
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
              hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool, *,
-             candidates_many: _Many | None = None, **filters: Any) -> SearchResult:
+             candidates_many: _Many | None = None, held_session: int | None = None,
+             **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
-        unindexed = self._core.catch_up_index()
+        unindexed = self._core.catch_up_index(except_session=held_session)
         note = self._core.backend.unindexed_note(unindexed) if unindexed else ""
         notes = (note,) if note else ()
         with self._core.read() as conn:

@@ -65,7 +65,8 @@ def similarity_floor(context: ContextSession) -> float:
 
 def find(context: ContextSession, query: str, *, mode: str | None, scope: str, session_pk: int | None,
          sort: SortMode, limit: int, roles: tuple[str, ...] = (), platform: str | None = None,
-         time_from: float | None = None, time_to: float | None = None, snippets: bool = True) -> Found:
+         time_from: float | None = None, time_to: float | None = None, snippets: bool = True,
+         held_session: int | None = None) -> Found:
     """The search behind ``lcm_grep`` and ``lcm_expand_query``, in one of three modes.
 
     ``full_text``: every query word first, then any content word by BM25, with neighbours in
@@ -74,7 +75,9 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     either finds stands, and one both find comes first. Semantic and hybrid need an embedder
     and vectors; when the embedder is off or fails, the answer is the full-text one with
     ``degraded_reason`` (never an error). ``snippets`` False: message hits without snippets,
-    for a caller that reads the messages it keeps (auto-recall).
+    for a caller that reads the messages it keeps (auto-recall). ``held_session``: a session
+    whose newest messages the caller holds and leaves out (auto-recall; see
+    ``SearchRepository.messages``).
     """
     embedder = context.embedder
     wanted = mode or ("hybrid" if embedder is not None else "full_text")
@@ -90,7 +93,7 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
                if wanted != "full_text" and embedder is not None else None)
     lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
                                     any_words=True, roles=roles, platform=platform, time_from=time_from,
-                                    time_to=time_to, snippets=snippets)
+                                    time_to=time_to, snippets=snippets, held_session=held_session)
     message_hits = list(lexical.hits)
     if ranked and not filtered:
         adjacent = store.search.adjacent_messages(query, [h.id for h in message_hits if h.match == "any"],

@@ -579,6 +579,36 @@ def test_a_stored_message_is_found_by_the_next_search_before_its_batch_is_indexe
     assert {h.id for h in store.search.messages("capybara", agent="agent").hits} == set(ids)
 
 
+def test_a_search_for_a_held_session_writes_nothing_when_only_that_sessions_stems_wait(store):
+    """Auto-recall holds its own session's newest messages in the context: its search does not
+    stop to stem them where a waiting message is still found by its exact words (PostgreSQL).
+    When another session's messages wait too, the catch-up runs and takes them all. On SQLite
+    a waiting message is not found at all, so it is always indexed first. Either way the search
+    finds every stored message."""
+    if store.background is not None:
+        store.background._batch = 10**9  # only the searches below catch up
+        store.background._idle_s = 3600
+    held = store.sessions.get_or_create("agent", "held")
+    other = store.sessions.get_or_create("agent", "other")
+    mine = append_messages(store, held.id, [{"role": "user", "content": "the capybara escaped"}])
+    theirs = append_messages(store, other.id, [{"role": "user", "content": "a capybara slept"}]).store_ids
+    # another session's message waits: the catch-up runs (and stems the held one's too)
+    found = store.search.messages("sleeping capybaras", agent="agent", any_words=True, held_session=held.id).hits
+    assert {h.id for h in found} == {*mine.store_ids, *theirs}  # by stems
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == 0
+    newer = append_messages(store, held.id, [{"role": "user", "content": "the capybara came back"}],
+                            after_identity=mine.last_identity).store_ids
+    found = store.search.messages("capybara", agent="agent", held_session=held.id).hits
+    assert set(newer) <= {h.id for h in found}  # by its exact word, stemmed or not
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == (1 if store.backend.pending_found_by_words else 0)
+        assert store.backend.pending_index(conn, except_session=held.id) == 0
+    store.search.catch_up()  # any search without a held session stems the rest
+    with store.engine.connect() as conn:
+        assert store.backend.pending_index(conn) == 0
+
+
 def test_postgres_stems_in_the_background_and_keeps_the_watermark_exact(pg_url):
     """The background catch-up stems what turns leave behind without any search; a forget that
     renumbers a session keeps every message below the watermark stemmed (the doctor agrees)."""

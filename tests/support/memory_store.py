@@ -566,7 +566,8 @@ class MemorySearch(_Part):
     def messages(self, query: str, *, agent: str, session_pk: int | None = None, roles: Sequence[str] = (),
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
                  sort: str = "recency", limit: int = 10, any_words: bool = False,
-                 snippets: bool = True) -> SearchResult:
+                 snippets: bool = True, held_session: int | None = None) -> SearchResult:
+        # held_session: nothing here waits for an index, so there is nothing to leave waiting
         agent_pk = self._data.agent(agent, create=False)
         rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
                                          session_key=self._data.sessions[r.session_pk].session_key, ts=r.ts,
