@@ -116,6 +116,23 @@ def test_auto_recall_quotes_an_early_fact_the_context_lacks(make_engine):
     assert engine.recall("ok, thanks!", transcript).text == ""  # stop words only
 
 
+def test_a_context_message_is_recognised_with_its_recall_block_and_not_by_its_text_alone(make_engine):
+    """What the context holds is left out by content hash, whatever the host added to it: an
+    earlier user message sent again with its recall block is the stored one. A message with the
+    same words under another role is not, so the stored one is still quoted."""
+    engine = make_engine(context_length=100_000, embeddings="off")
+    converse(engine, "old", [(FACT, "Noted, the blue binder."), *TURNS])
+    transcript = converse(engine, "new", TURNS[:2])
+    asked = "what was the hint for the vault recovery phrase?"
+    first = engine.recall(asked, transcript).text
+    assert FACT in first
+    with_block = {"role": "user", "content": f"{FACT}\n\n{first}"}  # as the host sent it then
+    held = engine.recall(asked, [*transcript, with_block])
+    assert FACT not in held.text
+    other_role = {"role": "assistant", "content": FACT}
+    assert FACT in engine.recall(asked, [*transcript, other_role]).text
+
+
 def test_the_block_is_never_stored_whatever_the_host_sends_back(make_engine, db_url):
     engine = make_engine(context_length=100_000, embeddings="off")
     transcript = converse(engine, "old", [(FACT, "Noted."), *TURNS])
