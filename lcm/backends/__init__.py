@@ -266,9 +266,9 @@ class Backend(ABC):
                 "up were not searched (this store is read-only; the next search that may write indexes them)")
 
     def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
-        """Messages stored but not yet in the search index (0 where the insert indexes them,
-        as on PostgreSQL), those of session ``except_session`` not counted. See
-        :meth:`catch_up_index`."""
+        """Messages stored but not yet in the search index (0 where the insert indexes them),
+        not counting those of session ``except_session`` that are past its coverage (the raw
+        region a context holds verbatim), where a backend can tell. See :meth:`catch_up_index`."""
         return 0
 
     def catch_up_index(self, conn: Connection) -> None:  # noqa: B027 - optional hook

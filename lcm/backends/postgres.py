@@ -281,11 +281,13 @@ class PostgresBackend(Backend):
 
     def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
         """Messages not stemmed yet, from the sessions' watermarks (a partial index holds
-        only the sessions that have any)."""
+        only the sessions that have any). ``except_session``'s are not counted while every one
+        of them is past its coverage (``stemmed_seq >= covered_seq``: in the raw region a
+        context holds verbatim); a compacted message waiting for its stems always counts."""
         return int(conn.execute(text(
             "SELECT coalesce(sum(last_seq - stemmed_seq), 0) FROM lcm_sessions "
-            "WHERE last_seq > stemmed_seq AND id <> :sid"), {"sid": -1 if except_session is None else except_session},
-        ).scalar_one())
+            "WHERE last_seq > stemmed_seq AND NOT (id = :sid AND stemmed_seq >= covered_seq)"),
+            {"sid": -1 if except_session is None else except_session}).scalar_one())
 
     def catch_up_index(self, conn: Connection) -> None:
         """Stem every message above its session's watermark, in statements of ``STEM_BATCH``

@@ -290,11 +290,14 @@ class StoreCore:
         in batches). Returns how many stay unindexed, and so unsearchable: 0, unless this
         store may not write (``read_only``, or a file lcm cannot write).
 
-        ``except_session``: a session whose pending messages the search may leave as they are
-        (its caller holds them in its context), where a pending message is still found by its
-        exact words (``Backend.pending_found_by_words``): then nothing is written when only
-        they wait, and the background catch-up stems them soon after. Elsewhere (SQLite, where
-        a pending message is not found at all) every pending message is indexed first."""
+        ``except_session``: a session whose raw region (past its coverage) the caller holds in
+        its context; its pending messages there may be left as they are where a pending
+        message is still found by its exact words (``Backend.pending_found_by_words``): then
+        nothing is written when only they wait, and the background catch-up stems them soon
+        after. A compacted message waiting for its stems is caught up first (a conversation
+        played faster than the background stemmer leaves them: LoCoMo's evidence depended on
+        it). Elsewhere (SQLite, where a pending message is not found at all) every pending
+        message is indexed first."""
         if not self.backend.indexes_in_batches:
             return 0
         if not self.backend.pending_found_by_words:

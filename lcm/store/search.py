@@ -194,11 +194,11 @@ class SearchRepository:
         ``limit`` rows have every word and ``any_words``, rows with some of the query's content
         words, best BM25 first (``match="any"``). ``snippets`` False: hits without snippets (no
         row is decoded for them), for a caller that reads the rows it keeps itself.
-        ``held_session``: a session whose newest messages the caller holds in its context and
-        leaves out of what it takes (auto-recall): on PostgreSQL, where a message waiting for
-        its stems is found by its exact words, the search does not stop to stem that
-        session's (a write of 1-3 ms); the background catch-up stems them within about a
-        second (``StoreCore.catch_up_index``).
+        ``held_session``: a session whose raw region (past its coverage) the caller holds in
+        its context and leaves out of what it takes (auto-recall): on PostgreSQL, where a
+        message waiting for its stems is found by its exact words, the search does not stop to
+        stem that region's messages (a write of 1-3 ms); the background catch-up stems them
+        within about a second (``StoreCore.catch_up_index``).
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,

@@ -75,8 +75,8 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
             else str(user_message or ""))[:QUERY_CHARS]
     if not text.strip():
         return RecallBlock(reason="the user message has no text")
-    # The session's messages still waiting for their stems (PostgreSQL) are its newest, in the
-    # context and so left out anyway: the search does not stop to stem them (1-3 ms a recall).
+    # The session's raw messages are in the context and left out anyway: the search does not
+    # stop to stem them (PostgreSQL, 1-3 ms a recall). Compacted ones still are stemmed first.
     current = context.current
     found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES,
                  snippets=False, held_session=current.id if current is not None else None)
