@@ -123,10 +123,17 @@ def test_hits_without_snippets_are_the_same_hits(store, corpus, query):
         bare = store.search.messages(query, snippets=False, **kw).hits
         assert full and [replace(h, snippet="") for h in full] == bare
         assert any(h.snippet for h in full) and not any(h.snippet for h in bare)
-    ids = [h.id for h in full]
+    # The session's ends, a message alone in its session, another agent's, one that does not exist.
+    alone = append_messages(store, store.sessions.get_or_create("agent-a", "alone").id,
+                            [{"role": "user", "content": "only me"}]).store_ids[0]
+    theirs = append_messages(store, store.sessions.get_or_create("agent-b", "s").id,
+                             [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]).store_ids
+    ids = [h.id for h in full] + [corpus[1][0], corpus[1][-1], alone, *theirs, 10**9]
     near_full = store.search.adjacent_messages(query, ids, agent="agent-a")
     near_bare = store.search.adjacent_messages(query, ids, agent="agent-a", snippets=False)
     assert near_full.keys() == near_bare.keys()
+    assert near_bare[alone] == (None, None) and near_bare[corpus[1][0]][0] is None
+    assert near_bare[corpus[1][-1]][1] is None and not {*theirs, 10**9} & near_bare.keys()
     for key, pair in near_full.items():
         assert [None if h is None else replace(h, snippet="") for h in pair] == list(near_bare[key])
 
