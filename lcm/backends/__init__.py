@@ -252,9 +252,6 @@ class Backend(ABC):
     defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
-    #: Whether a message waiting for :meth:`catch_up_index` is still found by its exact words
-    #: (only its stems wait, PostgreSQL), not missed altogether (SQLite).
-    pending_found_by_words: bool = False
     #: Whether a background thread should run :meth:`catch_up_index` after writes
     #: (``lcm.store.catchup``): where a catch-up on another connection runs beside the
     #: writes (PostgreSQL), not where it would wait for the writer's lock (SQLite).
@@ -266,9 +263,11 @@ class Backend(ABC):
                 "up were not searched (this store is read-only; the next search that may write indexes them)")
 
     def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
-        """Messages stored but not yet in the search index (0 where the insert indexes them),
-        not counting those of session ``except_session`` that are past its coverage (the raw
-        region a context holds verbatim), where a backend can tell. See :meth:`catch_up_index`."""
+        """Messages stored but not yet in the search index (0 where the insert indexes them).
+        ``except_session``: a session whose raw region (past its coverage) the caller holds in
+        its context; its waiting messages there are not counted where a search still finds
+        them by their exact words (PostgreSQL, whose stems alone wait), and counted where a
+        waiting message is not found at all (SQLite). See :meth:`catch_up_index`."""
         return 0
 
     def catch_up_index(self, conn: Connection) -> None:  # noqa: B027 - optional hook

@@ -249,12 +249,10 @@ class SQLiteBackend(Backend):
     defer_token_counts = True
 
     def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
-        if except_session is None:
-            return int(conn.exec_driver_sql(
-                f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK})").scalar_one())
-        return int(conn.execute(text(
-            f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK}) AND session_id != :sid"),
-            {"sid": except_session}).scalar_one())
+        """Every waiting message counts, ``except_session``'s too: a search does not find a
+        message above the watermark at all."""
+        return int(conn.exec_driver_sql(
+            f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK})").scalar_one())
 
     def catch_up_index(self, conn: Connection) -> None:
         """Both message indexes take the rows above the watermark, in id order, and the

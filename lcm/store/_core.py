@@ -291,17 +291,14 @@ class StoreCore:
         store may not write (``read_only``, or a file lcm cannot write).
 
         ``except_session``: a session whose raw region (past its coverage) the caller holds in
-        its context; its pending messages there may be left as they are where a pending
-        message is still found by its exact words (``Backend.pending_found_by_words``): then
-        nothing is written when only they wait, and the background catch-up stems them soon
-        after. A compacted message waiting for its stems is caught up first (a conversation
-        played faster than the background stemmer leaves them: LoCoMo's evidence depended on
-        it). Elsewhere (SQLite, where a pending message is not found at all) every pending
-        message is indexed first."""
+        its context; the backend leaves its waiting messages there out of the count where a
+        search still finds them by their exact words (``Backend.pending_index``): then nothing
+        is written when only they wait, and the background catch-up stems them soon after. A
+        compacted message waiting for its stems is caught up first (a conversation played
+        faster than the background stemmer leaves them: LoCoMo's evidence depended on it).
+        On SQLite, where a waiting message is not found at all, every one is indexed first."""
         if not self.backend.indexes_in_batches:
             return 0
-        if not self.backend.pending_found_by_words:
-            except_session = None
         with self.read() as conn:
             pending = self.backend.pending_index(conn, except_session=except_session)
         if not pending or self.read_only:
