@@ -5,7 +5,6 @@ errors and timeouts, and isolation between agents."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +18,7 @@ import pytest
 from lcm.messages import RECALL_OPEN
 from lcm.store import Store
 from tests.support.llm_server import Reply, ScriptedLLM, completion, error, tool_call
+from tests.support.pg_cluster import free_port
 from tests.support.proxy_server import ProxyThread
 
 SUMMARY_PROMPTS = ("You write the memory", "You maintain the long-term memory")
@@ -246,18 +246,12 @@ def test_an_upstream_that_hangs_costs_a_504_after_the_timeout(store, upstream):
         running.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("how", ["refused", "closed"])
 def test_an_upstream_that_cannot_answer_costs_a_502_and_the_retry_stores_nothing_twice(store, upstream, how):
     """Nothing listening, or a connection closed without an answer: a 502 naming it."""
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hello?"}]}
     if how == "refused":
-        running = ProxyThread(store, f"http://127.0.0.1:{_free_port()}/v1")
+        running = ProxyThread(store, f"http://127.0.0.1:{free_port()}/v1")
     else:
         upstream.handler = lambda body: Reply(close=True)
         running = ProxyThread(store, upstream.url)
