@@ -14,7 +14,8 @@ loop):
    lcm tools added (``lcm.proxy.toolloop``); lcm tool rounds are answered here;
 4. the answer goes back as the upstream gave it: the same bytes when no lcm round or call was
    involved; otherwise the same object with the client's calls only and the usage of every
-   upstream call added up. Streams are relayed chunk by chunk as they arrive; a tool call's
+   upstream call added up. Either way with the upstream's response headers, less the ones
+   that frame bytes (``upstream.NOT_PASSED_BACK``). Streams are relayed chunk by chunk as they arrive; a tool call's
    chunks are held until its round ends (the client could not run it before then anyway);
 5. only an answer that was complete is stored (a stream cut by either side stores nothing
    of it: the client's retry gets, and stores, a new answer; a stream is whole when it brought
@@ -45,7 +46,7 @@ from lcm.errors import DatabaseUnavailableError, LcmError
 from lcm.proxy import toolloop
 from lcm.proxy.callers import AGENT_HEADER, SESSION_HEADER, TOKEN_HEADER, Callers
 from lcm.proxy.conversations import Conversation, Conversations, api_key_of
-from lcm.proxy.upstream import Answer, Streamed, Upstream, UpstreamTimeout, UpstreamUnreachable
+from lcm.proxy.upstream import Answer, Headers, Streamed, Upstream, UpstreamTimeout, UpstreamUnreachable
 from lcm.proxy.wire import RequestError, StreamedAnswer, add_usage, error_body, parse_request, sse, sse_events
 
 log = logging.getLogger("lcm.proxy")
@@ -92,8 +93,17 @@ def _unreachable(exc: UpstreamUnreachable) -> JSONResponse:
 
 
 def _as_received(answer: Answer) -> Response:
-    """The upstream's answer as it came: status, content type and bytes."""
-    return Response(answer.content, status_code=answer.status, media_type=answer.content_type)
+    """The upstream's answer as it came: status, content type, bytes and headers."""
+    return _with_upstream_headers(Response(answer.content, status_code=answer.status,
+                                           media_type=answer.content_type), answer.headers)
+
+
+def _with_upstream_headers(response: Response, headers: Headers) -> Response:
+    """``response`` with the upstream's headers that the client gets (``upstream.NOT_PASSED_BACK``
+    says which not), except those the response already sets (a stream's ``Cache-Control``)."""
+    own = {name for name, _ in response.raw_headers}
+    response.raw_headers.extend((name.lower(), value) for name, value in headers if name.lower() not in own)
+    return response
 
 
 class _Proxy:
@@ -206,7 +216,7 @@ class _Proxy:
         if usage is not None:
             data["usage"] = usage
         await self._keep(turn, shown, usage)
-        return JSONResponse(data)
+        return _with_upstream_headers(JSONResponse(data), answer.headers)  # the last call's
 
     # ------------------------------------------------------------------ streams
 
@@ -223,15 +233,16 @@ class _Proxy:
                 body = await answer.read()
             except (UpstreamTimeout, UpstreamUnreachable) as exc:
                 return _unreachable(UpstreamUnreachable(f"its error answer broke off: {exc}"))
-            return _as_received(Answer(answer.status, answer.content_type, body))
+            return _as_received(Answer(answer.status, answer.content_type, body, answer.headers))
         return answer
 
     async def _stream(self, turn: _Turn) -> Response:
         first = await self._open(turn)
         if not isinstance(first, Streamed):
             return first
-        return StreamingResponse(self._relay(turn, first), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _with_upstream_headers(
+            StreamingResponse(self._relay(turn, first), media_type="text/event-stream",
+                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}), first.headers)
 
     async def _relay(self, turn: _Turn, answer: Streamed) -> AsyncIterator[bytes]:
         wants_usage = bool((turn.upstream.get("stream_options") or {}).get("include_usage"))

@@ -22,7 +22,7 @@ import json
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -30,6 +30,15 @@ import aiohttp
 #: Connections to the upstream at once, and kept open between requests.
 MAX_CONNECTIONS = 256
 KEEPALIVE_SECONDS = 60.0
+
+#: Response headers of the upstream's that the client does not get: the hop-by-hop ones, and
+#: those that describe bytes the proxy sends differently (the body arrives decompressed and is
+#: re-framed, and the content type travels on its own). The rest (``retry-after``, the
+#: provider's rate-limit counters, ``x-request-id``, ``openai-processing-ms``, cookies) go back
+#: as received: a client's retry back-off and its request ids read them.
+NOT_PASSED_BACK = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-connection", "te",
+                             "trailer", "transfer-encoding", "upgrade", "content-length", "content-encoding",
+                             "content-type", "date", "server"})
 
 
 class UpstreamTimeout(Exception):
@@ -40,13 +49,25 @@ class UpstreamUnreachable(Exception):
     """The upstream refused, reset or cut the connection (the message says which)."""
 
 
+#: Raw (name, value) header lines, as received.
+Headers = list[tuple[bytes, bytes]]
+
+
+def passed_back(response: aiohttp.ClientResponse) -> Headers:
+    """The upstream's response headers the client gets (see ``NOT_PASSED_BACK``), byte for
+    byte, repeated ones (``set-cookie``) each on its own line."""
+    return [(k, v) for k, v in response.raw_headers if k.decode("latin-1").lower() not in NOT_PASSED_BACK]
+
+
 @dataclass
 class Answer:
-    """A whole answer: status, content type and the body's bytes as received."""
+    """A whole answer: status, content type, the body's bytes as received, and the headers
+    the client gets."""
 
     status: int
     content_type: str | None
     content: bytes
+    headers: Headers = field(default_factory=list)
 
 
 class Streamed:
@@ -56,6 +77,7 @@ class Streamed:
         self._response = response
         self.status = response.status
         self.content_type: str | None = response.headers.get("content-type")
+        self.headers = passed_back(response)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (raises UpstreamTimeout / UpstreamUnreachable)."""
@@ -141,7 +163,7 @@ class Upstream:
         response = await self._send(method, path, headers, body, params)
         streamed = Streamed(response)
         content = await streamed.read()
-        return Answer(streamed.status, streamed.content_type, content)
+        return Answer(streamed.status, streamed.content_type, content, streamed.headers)
 
     async def open(self, path: str, headers: Mapping[str, str], body: Any) -> Streamed:
         """A POST whose answer is read as it arrives."""

@@ -203,6 +203,82 @@ def test_provider_errors_come_back_with_their_status_and_body(store, upstream, p
     assert raw.status_code == 429 and raw.json()["error"]["message"] == "slow down: rate limit reached"
 
 
+
+PROVIDER_HEADERS = [("retry-after-ms", "1500"), ("x-request-id", "req_7f3a"),
+                    ("x-ratelimit-remaining-requests", "42"), ("set-cookie", "a=1; Path=/"),
+                    ("set-cookie", "b=2; Path=/")]
+
+
+def _provider_headers_arrived(headers: httpx.Headers) -> None:
+    """What a client reads off the provider's answer reached it: each header once, both cookies,
+    and none of the upstream's framing (its server, date, length or encoding)."""
+    for name, value in PROVIDER_HEADERS:
+        if name != "set-cookie":
+            assert headers.get_list(name) == [value], name
+    assert headers.get_list("set-cookie") == ["a=1; Path=/", "b=2; Path=/"]
+    assert "content-encoding" not in headers
+    assert all("BaseHTTP" not in server for server in headers.get_list("server"))
+    assert len(headers.get_list("date")) <= 1 and len(headers.get_list("content-type")) == 1
+
+
+@pytest.mark.parametrize("case", ["rate_limited", "answered", "answered_gzip", "streamed", "after_an_lcm_round"])
+def test_the_providers_headers_reach_the_client_and_its_framing_does_not(store, upstream, proxy, case):
+    """``retry-after(-ms)`` drives the openai client's back-off and ``x-request-id`` its request
+    ids: they come back as the provider sent them, on errors, answers (compressed ones included:
+    the body arrives decompressed, so its encoding must not), streams and rewritten answers."""
+    client = client_of(proxy, **{"X-LCM-Session": f"headers-{case}"})
+    messages = [{"role": "user", "content": "hi"}]
+    if case == "rate_limited":
+        upstream.handler = lambda body: Reply(**{**vars(error(429, "slow down")), "headers": PROVIDER_HEADERS})
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(model="gpt-4o", messages=messages)
+        _provider_headers_arrived(caught.value.response.headers)
+        assert caught.value.request_id == "req_7f3a"
+        return
+    if case == "after_an_lcm_round":
+        calls = iter([completion(None, tool_calls=[tool_call("lcm_status", {}, "call_1")]),
+                      completion("all well")])
+        upstream.handler = lambda body: echo(body) if is_summary_call(body) else Reply(
+            **{**vars(next(calls)), "headers": PROVIDER_HEADERS})
+    else:
+        upstream.handler = lambda body: echo(body) if is_summary_call(body) else Reply(
+            **{**vars(completion("all well")), "headers": PROVIDER_HEADERS, "gzip": case == "answered_gzip"})
+    if case == "streamed":
+        with client.chat.completions.with_streaming_response.create(model="gpt-4o", messages=messages,
+                                                                     stream=True) as answer:
+            text = "".join(c.choices[0].delta.content or "" for c in answer.parse() if c.choices)
+            _provider_headers_arrived(answer.headers)
+            assert answer.headers.get_list("cache-control") == ["no-cache"]
+    else:
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+        _provider_headers_arrived(raw.headers)
+        assert raw.request_id == "req_7f3a"
+        text = raw.parse().choices[0].message.content
+    assert text == "all well"
+    assert stored(store, "default", f"headers-{case}")[-1]["content"] == "all well"
+
+
+def test_several_choices_store_the_first_and_a_client_going_on_with_another_forks_there(store, upstream, proxy):
+    """``n`` > 1: lcm cannot know which choice the client keeps. The first is stored as the
+    answer; a client that goes on with another has edited its history, and the conversation
+    continues in a fork from there: both choices kept, nothing stored twice."""
+    two = completion("choice zero").body
+    two["choices"].append({"index": 1, "message": {"role": "assistant", "content": "choice one"},
+                           "finish_reason": "stop"})
+    upstream.handler = lambda body: echo(body) if is_summary_call(body) or body.get("n") is None else Reply(200, two)
+    client = client_of(proxy, **{"X-LCM-Session": "choices"})
+    history: list[dict[str, Any]] = [{"role": "user", "content": "give me two"}]
+    answer = client.chat.completions.create(model="gpt-4o", messages=history, n=2)
+    assert [c.message.content for c in answer.choices] == ["choice zero", "choice one"]
+    assert "tools" not in chat_requests(upstream)[-1]  # no lcm tools with several choices
+    history += [{"role": "assistant", "content": "choice one"}, {"role": "user", "content": "go on"}]
+    assert client.chat.completions.create(model="gpt-4o", messages=history).choices[0].message.content == "echo: go on"
+    assert [m["content"] for m in stored(store, "default", "choices")] == ["give me two", "choice zero"]
+    fork = store.sessions.find("default", "choices/fork-1")
+    assert fork is not None and fork.parent_id == store.sessions.find("default", "choices").id
+    assert [m["content"] for m in stored(store, "default", "choices/fork-1")] == ["choice one", "go on", "echo: go on"]
+
+
 @pytest.mark.parametrize("body,param", [
     (b"{not json", None),
     (b"[]", None),

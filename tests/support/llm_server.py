@@ -7,11 +7,12 @@ build the common answers: a text completion, a tool call, an error status, a sta
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,6 +26,8 @@ class Reply:
     drip: float = 0.0  # seconds between bytes of the body, or between a stream's events
     close: bool = False  # close the connection without answering
     cut_after: int | None = None  # a stream: close the connection after this many events
+    headers: list[tuple[str, str]] = field(default_factory=list)  # extra response headers, in order
+    gzip: bool = False  # a whole answer: the body gzip-compressed (Content-Encoding: gzip)
 
 
 def completion(text: str | None, *, tool_calls: list[dict] | None = None, model: str = "scripted",
@@ -118,18 +121,21 @@ class ScriptedLLM:
                     return
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    self._stream(reply.body, include_usage=usage, pause=reply.drip, cut_after=reply.cut_after)
+                    self._stream(reply.body, include_usage=usage, pause=reply.drip, cut_after=reply.cut_after,
+                                 headers=reply.headers)
                 else:
                     self._send(reply)
 
             def _stream(self, completion_body: dict[str, Any], include_usage: bool, pause: float = 0.0,
-                        cut_after: int | None = None) -> None:
+                        cut_after: int | None = None, headers: Sequence[tuple[str, str]] = ()) -> None:
                 """The same completion as server-sent events, the way OpenAI streams it (cut
                 short, the connection closed, after ``cut_after`` events)."""
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Cache-Control", "no-cache")
+                    for name, value in headers:
+                        self.send_header(name, value)
                     self.end_headers()
                     for i, chunk in enumerate(stream_chunks(completion_body, include_usage)):
                         if cut_after is not None and i >= cut_after:
@@ -149,10 +155,16 @@ class ScriptedLLM:
             def _send(self, reply: Reply) -> None:
                 payload = reply.body if isinstance(reply.body, str) else json.dumps(reply.body or {})
                 data = payload.encode("utf-8")
+                if reply.gzip:
+                    data = gzip.compress(data)
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
+                    if reply.gzip:
+                        self.send_header("Content-Encoding", "gzip")
+                    for name, value in reply.headers:
+                        self.send_header(name, value)
                     self.end_headers()
                     if reply.drip:
                         for i in range(len(data)):
