@@ -47,7 +47,16 @@ from lcm.proxy import toolloop
 from lcm.proxy.callers import AGENT_HEADER, SESSION_HEADER, TOKEN_HEADER, Callers
 from lcm.proxy.conversations import Conversation, Conversations, api_key_of
 from lcm.proxy.upstream import Answer, Headers, Streamed, Upstream, UpstreamTimeout, UpstreamUnreachable
-from lcm.proxy.wire import RequestError, StreamedAnswer, add_usage, error_body, parse_request, sse, sse_events
+from lcm.proxy.wire import (
+    RequestError,
+    StreamedAnswer,
+    add_usage,
+    error_body,
+    json_bytes,
+    parse_request,
+    sse,
+    sse_events,
+)
 
 log = logging.getLogger("lcm.proxy")
 
@@ -80,15 +89,23 @@ def create_app(settings: ProxySettings, conversations: Conversations, callers: C
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+class _Json(JSONResponse):
+    """A JSON response that a lone surrogate in what it carries (from the client's messages or
+    the upstream's answer) cannot turn into a 500 (see ``wire.json_bytes``)."""
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
 
 
-def _upstream_error(status: int, message: str, code: str) -> JSONResponse:
-    return JSONResponse(error_body(message, kind="upstream_error", code=code), status_code=status)
+def _error(exc: RequestError) -> _Json:
+    return _Json(exc.body(), status_code=exc.status)
 
 
-def _unreachable(exc: UpstreamUnreachable) -> JSONResponse:
+def _upstream_error(status: int, message: str, code: str) -> _Json:
+    return _Json(error_body(message, kind="upstream_error", code=code), status_code=status)
+
+
+def _unreachable(exc: UpstreamUnreachable) -> _Json:
     return _upstream_error(502, f"the upstream cannot be reached: {exc}", "upstream_unreachable")
 
 
@@ -114,14 +131,14 @@ class _Proxy:
         self.upstream = Upstream(settings.upstream, settings.timeout)
         self.base = self.upstream.base
 
-    def _timed_out(self) -> JSONResponse:
+    def _timed_out(self) -> _Json:
         return _upstream_error(504, f"the upstream did not answer within {self.settings.timeout:g} s", "timeout")
 
     async def close(self) -> None:
         await self.upstream.close()
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "upstream": self.base})
+        return _Json({"status": "ok", "upstream": self.base})
 
     def _forwarded(self, request: Request) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
@@ -156,11 +173,11 @@ class _Proxy:
                 self.conversations.prepare, caller, client_messages, body["model"],
                 api_key_of(request.headers.get("authorization")), tools)
         except DatabaseUnavailableError as exc:
-            return JSONResponse(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
+            return _Json(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
                                            "was sent to the model: retry shortly", kind="server_error",
                                            code="lcm_store_unavailable"), status_code=503)
         except LcmError as exc:
-            return JSONResponse(error_body(f"lcm could not store this conversation: {exc}", kind="server_error",
+            return _Json(error_body(f"lcm could not store this conversation: {exc}", kind="server_error",
                                            code="lcm_error"), status_code=500)
         upstream = {**body, "messages": sendable}
         if tools is not None:
@@ -216,7 +233,7 @@ class _Proxy:
         if usage is not None:
             data["usage"] = usage
         await self._keep(turn, shown, usage)
-        return _with_upstream_headers(JSONResponse(data), answer.headers)  # the last call's
+        return _with_upstream_headers(_Json(data), answer.headers)  # the last call's
 
     # ------------------------------------------------------------------ streams
 

@@ -18,7 +18,6 @@ request: 0.45 ms a call, measured).
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -26,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from lcm.proxy.wire import json_bytes
 
 #: Connections to the upstream at once, and kept open between requests.
 MAX_CONNECTIONS = 256
@@ -147,7 +148,7 @@ class Upstream:
         data = None
         sent = dict(headers)
         if body is not None:
-            data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            data = json_bytes(body)
             sent = {k: v for k, v in sent.items() if k.lower() != "content-type"}
             sent["Content-Type"] = "application/json"
         try:

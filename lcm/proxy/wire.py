@@ -25,6 +25,16 @@ class RequestError(Exception):
         return error_body(str(self), kind=self.kind, param=self.param, code=self.code)
 
 
+def json_bytes(value: Any) -> bytes:
+    """Compact JSON in UTF-8. JSON text can carry a lone surrogate (``"\\ud800"``): a client may
+    send one and Python decodes it, but UTF-8 cannot encode it. Then every non-ASCII character
+    is written as an escape instead, which any JSON reader turns back into the same text."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
     """The API's error object: what the ``openai`` package turns into ``BadRequestError`` and

@@ -279,6 +279,29 @@ def test_several_choices_store_the_first_and_a_client_going_on_with_another_fork
     assert [m["content"] for m in stored(store, "default", "choices/fork-1")] == ["choice one", "go on", "echo: go on"]
 
 
+@pytest.mark.parametrize("case", ["answered", "streamed", "after_an_lcm_round"])
+def test_a_lone_surrogate_in_a_message_is_stored_sent_and_echoed_back_without_a_500(store, upstream, proxy, case):
+    """JSON text may carry a lone surrogate (``"\\ud800"``), which UTF-8 cannot: the proxy
+    writes its JSON with ASCII escapes then. It was a 500 after the message was stored."""
+    text = "broken \ud800 half of a pair"
+    if case == "after_an_lcm_round":
+        calls = iter([completion(None, tool_calls=[tool_call("lcm_status", {}, "call_1")])])
+        upstream.handler = lambda body: next(calls, None) or echo(body)
+    raw = ('{"model": "gpt-4o", "stream": %s, "messages": [{"role": "user", "content": "broken \\ud800 half '
+           'of a pair"}]}' % ("true" if case == "streamed" else "false"))
+    answer = httpx.post(proxy.url + "/chat/completions", content=raw.encode(), timeout=30,
+                        headers={"Content-Type": "application/json", "X-LCM-Session": f"surrogate-{case}"})
+    assert answer.status_code == 200, answer.text
+    if case == "streamed":
+        events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+        said = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    else:
+        said = answer.json()["choices"][0]["message"]["content"]
+    assert said == f"echo: {text}"
+    assert ScriptedLLM.last_user(chat_requests(upstream)[-1]).split("\n\n" + RECALL_OPEN)[0] == text
+    assert [m["content"] for m in stored(store, "default", f"surrogate-{case}")] == [text, f"echo: {text}"]
+
+
 @pytest.mark.parametrize("body,param", [
     (b"{not json", None),
     (b"[]", None),
