@@ -643,6 +643,51 @@ def test_kill_9_mid_stream_then_the_clients_retry_loses_nothing_and_stores_nothi
 
 @pytest.mark.postgres
 @pytest.mark.slow
+def test_a_database_outage_costs_a_503_sends_nothing_upstream_and_the_retry_stores_once(upstream):
+    """The server stopped, then started, then restarted under a running proxy (a private
+    cluster: the shared test server is never stopped)."""
+    from lcm.store import connection as db
+    from tests.support.pg_cluster import Cluster, cannot_run_a_cluster
+
+    why = cannot_run_a_cluster()
+    if why:
+        pytest.skip(why)
+    cluster = Cluster()
+    try:
+        store = Store.open(cluster.url, upgrade=True)
+        running = ProxyThread(store, upstream.url)
+        try:
+            def ask(history: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+                return httpx.post(running.url + "/chat/completions", timeout=60, headers={"X-LCM-Session": "outage"},
+                                  json={"model": "gpt-4o", "messages": history, **extra})
+
+            history: list[dict[str, Any]] = [{"role": "user", "content": "q1"}]
+            history.append(ask(history).json()["choices"][0]["message"])
+            history.append({"role": "user", "content": "q2, asked while the database is down"})
+            cluster.stop()
+            asked_before = len(chat_requests(upstream))
+            for extra in ({}, {"stream": True}):
+                refused = ask(history, **extra)
+                assert refused.status_code == 503 and refused.json()["error"]["code"] == "lcm_store_unavailable"
+            assert len(chat_requests(upstream)) == asked_before  # nothing went to the model
+            cluster.start()
+            history.append(ask(history).json()["choices"][0]["message"])  # the client's retry
+            cluster.restart()  # every pooled connection is dead now
+            history.append({"role": "user", "content": "q3, after a restart"})
+            answered = ask(history)
+            assert answered.status_code == 200, answered.text
+            history.append(answered.json()["choices"][0]["message"])
+        finally:
+            running.close()
+        assert [(m["role"], m["content"]) for m in stored(store, "default", "outage")] == [
+            (m["role"], m["content"]) for m in history]
+    finally:
+        db.dispose(db.resolve_url(cluster.url))
+        cluster.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_sixty_four_concurrent_clients_on_one_postgresql_database(pg_url, upstream):
     from concurrent.futures import ThreadPoolExecutor
 
