@@ -245,8 +245,8 @@ def parse_query(text: object) -> Query:
             notes.append(f"only the first {MAX_QUERY_TERMS} query terms were used")
         pending_or = False
     if not groups:
-        if negatives:
-            notes.append("a query needs at least one word that must match")
+        notes.append("a query needs at least one word that must match" if negatives else
+                     'the query has no word to search for: give words, a "quoted phrase" or a prefix*')
         return Query(notes=tuple(notes))
     return Query(
         groups=tuple(tuple(g) for g in groups), negatives=tuple(negatives), notes=tuple(notes)

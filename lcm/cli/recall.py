@@ -226,7 +226,9 @@ def grep_command(query: str, url: str | None, agent: str, as_json: bool, as_tsv:
                    h.get("match"), h.get("score"), h["snippet"]] for h in res["results"]])
         return
     if not res["results"]:
-        say(f"no match for {query!r} in agent {agent!r}'s messages" + other_agents(context.store, agent))
+        for note in res.get("notes") or ():  # why nothing matched, when the search knows
+            say(f"note: {note}")
+        say(f"no match for {query!r} in the messages of agent {agent!r}" + other_agents(context.store, agent))
         return
     if res.get("degraded"):
         say(f"note: {res['degraded_reason']}")

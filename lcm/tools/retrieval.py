@@ -23,6 +23,7 @@ from lcm.config import install_command
 from lcm.context.session import ContextSession
 from lcm.errors import LcmError
 from lcm.records import SearchHit, SortMode
+from lcm.textindex import parse_query
 from lcm.tools.specs import GREP_LIMIT_CAP
 
 #: Reciprocal-rank fusion constant of hybrid search (the usual 60: ranks, not scores, decide).
@@ -89,8 +90,9 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     store, agent = context.store, context.agent_id
     # The query's vector is made while the words are searched: the model's forward pass runs in
     # NumPy (or waits on an endpoint) outside the GIL, so the two overlap on a second core.
+    wordless = parse_query(query).is_empty  # "", "***", "-word" alone: nothing to embed either
     pending = (_QUERY_EMBEDDING.submit(embedder.embed, [query], timeout=context.config.embedding_timeout_ms / 5000)
-               if wanted != "full_text" and embedder is not None else None)
+               if wanted != "full_text" and embedder is not None and not wordless else None)
     lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
                                     any_words=True, roles=roles, platform=platform, time_from=time_from,
                                     time_to=time_to, snippets=snippets, held_session=held_session)
@@ -105,8 +107,8 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
                   notes=list(lexical.notes), summaries_omitted=scope == "current" and filtered)
     if lexical.unindexed:
         found.degraded_reason = lexical.unindexed_note  # the backend's own words for what was missed
-    if wanted == "full_text":
-        return found
+    if wanted == "full_text" or wordless:
+        return found  # a query without a word has no meaning to search either: its notes say so
     if embedder is None or pending is None:
         found.degraded_reason = (f"mode {wanted!r} needs embeddings, and LCM_EMBEDDINGS is off "
                                  f"({install_command('semantic')} for the local model); answered with full_text")

@@ -262,7 +262,9 @@ def test_not_found_names_the_agent_searched_and_the_others_there(lcm, ingested):
     code, out, _ = lcm("sessions", *url, "--agent", "nobody")
     assert code == 0 and "no sessions for agent 'nobody'" in out and "other agents: ops" in out
     code, out, _ = lcm("grep", "zzzyx", *url, "--agent", "nobody")
-    assert code == 0 and "no match for 'zzzyx' in agent 'nobody'" in out and "ops" in out
+    assert code == 0 and "no match for 'zzzyx' in the messages of agent 'nobody'" in out and "ops" in out
+    code, out, _ = lcm("grep", *url, "--agent", "ops", "--", "***")
+    assert code == 0 and "note: the query has no word to search for" in out and "no match for '***'" in out
     code, _, err = lcm("load", "nope", *url, "--agent", "ops")
     assert code == 1 and "no session 'nope' for agent 'ops'" in err
 

@@ -132,6 +132,22 @@ def test_an_openai_compatible_endpoint_embeds_messages_and_queries(make_engine, 
     assert dims == {32}
 
 
+@pytest.mark.parametrize("query", ["", "***", "-zebra"])
+def test_a_query_without_a_word_embeds_nothing_and_says_what_it_lacks(make_engine, llm, query):
+    """Not a vector of nothing nor "no stored vector matches yet": the query's own note."""
+    llm.handler = embeddings
+    engine = make_engine(context_length=100_000, **openai_settings(llm, embedding_dimensions=32))
+    chat_with(engine, ["zebra crossing near the depot", "lunch at noon"])
+    settle(engine)
+    embedded = len(llm.requests)
+    for mode in (None, "semantic", "hybrid"):
+        res = call(engine, "lcm_grep", query=query, **({"mode": mode} if mode else {}))
+        assert res["results"] == [] and not res.get("degraded"), res
+        assert res["notes"] == ["a query needs at least one word that must match" if query.startswith("-") else
+                                'the query has no word to search for: give words, a "quoted phrase" or a prefix*']
+    assert len(llm.requests) == embedded  # no query was embedded
+
+
 def test_a_failing_endpoint_degrades_search_and_loses_no_message(make_engine, llm):
     llm.handler = lambda body: error(500, "embedding backend down")
     engine = make_engine(context_length=100_000, **openai_settings(llm))

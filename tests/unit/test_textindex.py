@@ -91,7 +91,10 @@ def test_query_language():
 
 @pytest.mark.parametrize("text", ["", "   ", "***", "-", "-x", "OR", '""', "(", ":"])
 def test_queries_without_a_positive_word_are_empty(text):
-    assert parse_query(text).is_empty
+    """Empty, and saying why: a search that finds nothing tells the caller what to change."""
+    query = parse_query(text)
+    assert query.is_empty and query.notes
+    assert ("must match" if text.startswith("-") and len(text) > 1 else "no word to search for") in query.notes[0]
 
 
 def test_cjk_query_is_a_character_phrase():
