@@ -116,6 +116,32 @@ def test_auto_recall_quotes_an_early_fact_the_context_lacks(make_engine):
     assert engine.recall("ok, thanks!", transcript).text == ""  # stop words only
 
 
+@pytest.mark.parametrize("script", ["prose", "cjk", "digits"])
+def test_a_long_turn_is_quoted_from_its_beginning_within_its_share_and_the_budget(make_engine, script):
+    """A pasted log is cut before it is counted (``PRECUT_CHARS_PER_TOKEN``): text denser than
+    prose (CJK, a character or so a token; digits) still ends within its share, and the block
+    within its budget."""
+    from lcm.tools.autorecall import MAX_SHARE_PER_HIT, MAX_TOKENS_PER_HIT
+
+    filler = {"prose": "the nightly export wrote its rows and moved on to the next table ",
+              "cjk": "数据库备份在夜间完成并写入了新的表格",
+              "digits": "4711 0815 2718 3141 1618 9999 "}[script]
+    engine = make_engine(context_length=100_000, embeddings="off")
+    pasted = "zanzibarlog begins: " + filler * (40_000 // len(filler))
+    converse(engine, "old", [(pasted, "Noted."), ("the zanzibarlog was short today", "Good.")])
+    transcript = converse(engine, "new", TURNS[:1])
+    count = engine.context.tokens.count_text
+    for budget in (1000, 300, 120):
+        block = engine.recall("what did the zanzibarlog say?", transcript, max_tokens=budget)
+        lines = block.text.split("\n")[1:-1]
+        share = max(20, min(MAX_TOKENS_PER_HIT, int(budget * MAX_SHARE_PER_HIT)))
+        assert lines and all(count(line) <= share for line in lines)
+        assert block.tokens == count(block.text) <= budget
+        long = [line for line in lines if "zanzibarlog begins: " + filler[:4] in line]
+        assert long or budget < 300  # a small budget may be spent before the long turn's turn
+        assert all(line.endswith(" …") for line in long)
+
+
 def test_a_context_message_is_recognised_with_its_recall_block_and_not_by_its_text_alone(make_engine):
     """What the context holds is left out by content hash, whatever the host added to it: an
     earlier user message sent again with its recall block is the stored one. A message with the
