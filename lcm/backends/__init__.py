@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, TextClause, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, TextClause, text
 from sqlalchemy.engine import URL
 
 from lcm.config import install_command
@@ -226,6 +226,10 @@ class Backend(ABC):
         ``term``, from what is cheap to know (None: unknown). Lets a search skip looking up
         a word too common to decide anything on its own. ``spec``: the search asking (what
         it already looked up is in its ``scope_memo``)."""
+
+    def ids_in(self, column: ColumnElement[Any], ids: Sequence[int]) -> ColumnElement[bool]:
+        """``column IN (ids)`` for one chunk of a ``fetch_in``: a list of parameters here."""
+        return column.in_(ids)
 
     def messages_at(self, conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
         """``(id, session_id, seq, ts)`` of the messages at ``places`` (session id, seq), those

@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, TextClause, event, text
+from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, Table, TextClause, any_, bindparam, event, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.engine import URL
@@ -362,6 +363,13 @@ class PostgresBackend(Backend):
 
     def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:
         self._searches.stem_terms(conn, terms)
+
+    def ids_in(self, column: ColumnElement[Any], ids: Sequence[int]) -> ColumnElement[bool]:
+        """``column = ANY(array)``: one parameter, so the text is the same whatever the count
+        and psycopg prepares it after a few runs. An ``IN`` list of 20-40 ids had a new text
+        per count, parsed and planned each time: 0.94 against 0.62 ms for recall's hit rows
+        (at 100k messages), and a recall reads four such lists."""
+        return column == any_(bindparam(None, list(ids), type_=ARRAY(BigInteger), unique=True))
 
     def messages_at(self, conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
         """One statement of constant text whatever the count: the places travel as two arrays

@@ -434,7 +434,7 @@ class MessageRepository:
             if agent_pk is None:
                 return []
             rows = fetch_in(conn, ids, lambda chunk: message_select().where(
-                messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk))
+                self._core.backend.ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == agent_pk))
             by_id = {r.store_id: r for r in records(conn, rows)}
         return [by_id[i] for i in ids if i in by_id]
 

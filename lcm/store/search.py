@@ -8,12 +8,13 @@ and cuts the snippets, the same way for messages and for summaries.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import ColumnElement, Connection, Table, select
 
 from lcm.backends import SearchSpec, window_rank
 from lcm.errors import NotFoundError
@@ -56,6 +57,8 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 
 #: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
+#: The backend's ``column IN (ids)`` (``Backend.ids_in``).
+IdsIn = Callable[[ColumnElement[Any], Sequence[int]], ColumnElement[bool]]
 #: Per kind: the backend's estimate of how many rows contain a term (None: unknown).
 _TermRows = Callable[[Connection, SearchSpec, Term], float | None]
 _Many = Callable[[Connection, Sequence[SearchSpec]], list[tuple[list[Candidate], bool]]]
@@ -71,17 +74,18 @@ def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
     return {r.id: r for r in rows if spec.session_pk is None or r.session_id == spec.session_pk}
 
 
-def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -> list[SearchHit]:
+def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], ids_in: IdsIn) -> list[SearchHit]:
+    """The chosen candidates as hits (``ids_in``: the backend's ``IN`` for their ids)."""
     if not spec.snippets:  # where the hits are, not what they say: no row decoded
         at = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
             messages_t.c.id, messages_t.c.session_id, messages_t.c.ts, messages_t.c.role,
             sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == messages_t.c.session_id).where(
-            messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk)))
+            ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == spec.agent_pk)))
         return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
                           ts=r.ts, role=r.role, score=c.score, snippet="")
                 for c in chosen if (r := at.get(c.id)) is not None]
     by_id = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: message_select().add_columns(
-        messages_t.c.search_text).where(messages_t.c.id.in_(chunk), messages_t.c.agent_id == spec.agent_pk)))
+        messages_t.c.search_text).where(ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == spec.agent_pk)))
     rows = list(by_id.values())
     # Snippets come from the message's own text; a large payload is not decompressed for
     # that: its indexed excerpt is used instead.
@@ -111,6 +115,7 @@ class SearchRepository:
     def __init__(self, core: StoreCore, vectors: VectorRepository):
         self._core = core
         self._vectors = vectors
+        self._message_hits: _Hits = functools.partial(_message_hits, ids_in=core.backend.ids_in)
 
     def catch_up(self) -> int:
         """Index the messages the backend left pending (every search does this first); how
@@ -131,7 +136,7 @@ class SearchRepository:
                 return {}
             placed = fetch_in(conn, store_ids, lambda chunk: select(
                 messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
-                messages_t.c.id.in_(chunk), messages_t.c.agent_id == agent_pk))
+                self._core.backend.ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == agent_pk))
             wanted = {(r.session_id, r.seq + step) for r in placed for step in (-1, 1) if r.seq + step >= 1}
             around = self._core.backend.messages_at(conn, wanted)
             at = {(r.session_id, r.seq): r.id for r in around}
@@ -139,7 +144,7 @@ class SearchRepository:
             spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
                               limit=len(at) or 1, snippets=snippets)
             hits = {h.id: replace(h, match="neighbour")
-                    for h in _message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
+                    for h in self._message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
         return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))
                 for r in placed}
 
@@ -153,7 +158,7 @@ class SearchRepository:
         scope and filters of :meth:`messages`. Only messages with a vector of ``model`` can be
         found (``store.vectors.coverage`` says how many have one). ``snippets``: as in
         :meth:`messages`."""
-        return self._similar(query, vector, model, agent, "message", session_pk, limit, (), _message_hits,
+        return self._similar(query, vector, model, agent, "message", session_pk, limit, (), self._message_hits,
                              roles=tuple(roles), platform=platform, time_from=time_from, time_to=time_to,
                              snippets=snippets)
 
@@ -202,7 +207,8 @@ class SearchRepository:
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
-                         _message_hits, messages_t, lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
+                         self._message_hits, messages_t,
+                         lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to, snippets=snippets,
                          candidates_many=backend.search_messages_many, held_session=held_session)
