@@ -67,6 +67,7 @@ def parse_request(raw: bytes) -> dict[str, Any]:
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise RequestError(f"messages[{i}] (role tool) must have a tool_call_id string",
                                param=f"messages[{i}].tool_call_id")
+        _check_content(message, role, i)
         calls = message.get("tool_calls")
         if calls is not None and not (isinstance(calls, list) and all(
                 isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
@@ -78,6 +79,26 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise RequestError("'tools' must be an array of tool objects", param="tools")
     return body
+
+
+def _check_content(message: Mapping[str, Any], role: str, i: int) -> None:
+    """A message's content as the API takes it, so that lcm never stores what the provider
+    refuses: a string, or an array of parts that each name their ``type`` (a text part with its
+    ``text``); absent or null only on an assistant message (its tool calls, refusal or audio
+    stand for it). Other part types (images, audio, files) pass as the client wrote them."""
+    content = message.get("content")
+    if content is None and role == "assistant":
+        return
+    where = f"messages[{i}].content"
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise RequestError(f"{where} must be a string or an array of content parts (role {role})", param=where)
+    for n, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise RequestError(f"{where}[{n}] must be an object with a 'type'", param=f"{where}[{n}]")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}[{n}] (type text) must have a 'text' string", param=f"{where}[{n}].text")
 
 
 def add_usage(total: dict[str, Any] | None, more: Mapping[str, Any] | None) -> dict[str, Any] | None:

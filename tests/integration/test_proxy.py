@@ -312,6 +312,12 @@ def test_a_lone_surrogate_in_a_message_is_stored_sent_and_echoed_back_without_a_
     (json.dumps({"model": "m", "messages": [{"role": "tool", "content": "x"}]}).encode(),
      "messages[0].tool_call_id"),
     (json.dumps({"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}).encode(), "stream"),
+    (json.dumps({"model": "m", "messages": [{"role": "user"}]}).encode(), "messages[0].content"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": None}]}).encode(), "messages[0].content"),
+    (json.dumps({"model": "m", "messages": [{"role": "system", "content": 5}]}).encode(), "messages[0].content"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": ["hi"]}]}).encode(), "messages[0].content[0]"),
+    (json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]}).encode(),
+     "messages[0].content[0].text"),
 ])
 def test_malformed_requests_get_the_apis_400_and_never_reach_the_upstream(store, upstream, proxy, body, param):
     answer = httpx.post(proxy.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
@@ -319,6 +325,23 @@ def test_malformed_requests_get_the_apis_400_and_never_reach_the_upstream(store,
     problem = answer.json()["error"]
     assert problem["type"] == "invalid_request_error" and problem["param"] == param and problem["message"]
     assert upstream.requests == []
+    assert store.health.stats()["messages"] == 0  # nothing the provider would refuse is stored
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": None, "tool_calls": [tool_call("run", {}, "c1")]},
+    {"role": "assistant", "tool_calls": [tool_call("run", {}, "c1")]},
+    {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "x"}},
+                                 {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
+])
+def test_content_the_api_accepts_passes_the_checks(store, upstream, proxy, message):
+    history = [{"role": "user", "content": "start"}, message]
+    if message.get("tool_calls"):
+        history.append({"role": "tool", "tool_call_id": "c1", "content": "done"})
+    answer = httpx.post(proxy.url + "/chat/completions", json={"model": "m", "messages": history},
+                        headers={"X-LCM-Session": "accepted"})
+    assert answer.status_code == 200, answer.text
+    assert stored(store, "default", "accepted")[:len(history)] == history
 
 
 def test_openai_raises_bad_request_for_a_malformed_message(store, upstream, proxy):
