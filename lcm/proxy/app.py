@@ -14,9 +14,10 @@ loop):
    lcm tools added (``lcm.proxy.toolloop``); lcm tool rounds are answered here;
 4. the answer goes back as the upstream gave it: the same bytes when no lcm round or call was
    involved; otherwise the same object with the client's calls only and the usage of every
-   upstream call added up. Either way with the upstream's response headers, less the ones
-   that frame bytes (``upstream.NOT_PASSED_BACK``). Streams are relayed chunk by chunk as they arrive; a tool call's
-   chunks are held until its round ends (the client could not run it before then anyway);
+   upstream call added up; either way with the upstream's response headers, less the ones
+   that frame bytes (``upstream.NOT_PASSED_BACK``). Streams are relayed chunk by chunk as
+   they arrive; a tool call's chunks are held until its round ends (the client could not run
+   it before then anyway);
 5. only an answer that was complete is stored (a stream cut by either side stores nothing
    of it: the client's retry gets, and stores, a new answer; a stream is whole when it brought
    ``[DONE]`` or a finish reason); a stream's answer is stored before its end (``[DONE]``) is
@@ -174,11 +175,11 @@ class _Proxy:
                 api_key_of(request.headers.get("authorization")), tools)
         except DatabaseUnavailableError as exc:
             return _Json(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
-                                           "was sent to the model: retry shortly", kind="server_error",
-                                           code="lcm_store_unavailable"), status_code=503)
+                                    "was sent to the model: retry shortly", kind="server_error",
+                                    code="lcm_store_unavailable"), status_code=503)
         except LcmError as exc:
             return _Json(error_body(f"lcm could not store this conversation: {exc}", kind="server_error",
-                                           code="lcm_error"), status_code=500)
+                                    code="lcm_error"), status_code=500)
         upstream = {**body, "messages": sendable}
         if tools is not None:
             upstream["tools"] = tools
