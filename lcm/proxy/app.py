@@ -67,6 +67,10 @@ _NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive"
                             SESSION_HEADER, AGENT_HEADER, TOKEN_HEADER})
 
 
+#: Methods of the API's other routes, which go to the upstream as they came (nothing stored).
+PASSED_THROUGH = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
 @dataclass
 class ProxySettings:
     upstream: str  # the provider's base URL, e.g. https://api.openai.com/v1
@@ -80,7 +84,9 @@ def create_app(settings: ProxySettings, conversations: Conversations, callers: C
     for prefix in ("/v1", "/t/{token}/v1"):
         routes += [Route(f"{prefix}/chat/completions", proxy.completions, methods=["POST"]),
                    Route(f"{prefix}/models", proxy.models, methods=["GET"]),
-                   Route(prefix + "/models/{model:path}", proxy.models, methods=["GET"])]
+                   Route(prefix + "/models/{model:path}", proxy.models, methods=["GET"]),
+                   # The rest of the API (embeddings, the Responses API, audio, files...), last:
+                   Route(prefix + "/{rest:path}", proxy.passthrough, methods=PASSED_THROUGH)]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -112,8 +118,14 @@ def _unreachable(exc: UpstreamUnreachable) -> _Json:
 
 def _as_received(answer: Answer) -> Response:
     """The upstream's answer as it came: status, content type, bytes and headers."""
-    return _with_upstream_headers(Response(answer.content, status_code=answer.status,
-                                           media_type=answer.content_type), answer.headers)
+    return _with_upstream_headers(Response(answer.content, status_code=answer.status),
+                                  _typed(answer.content_type, answer.headers))
+
+
+def _typed(content_type: str | None, headers: Headers) -> Headers:
+    """``headers`` with the upstream's content type as it wrote it (Starlette's ``media_type``
+    would add a charset to a ``text/`` type)."""
+    return headers if content_type is None else [(b"content-type", content_type.encode("latin-1")), *headers]
 
 
 def _with_upstream_headers(response: Response, headers: Headers) -> Response:
@@ -143,6 +155,26 @@ class _Proxy:
 
     def _forwarded(self, request: Request) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+
+    async def passthrough(self, request: Request) -> Response:
+        """Any other route of the API (``/v1/embeddings``, ``/v1/responses``, audio, files...):
+        sent upstream as the client sent it, with the same checks of who is asking as a chat
+        completion, and answered as the upstream answers, relayed as it arrives. Nothing of it
+        is stored: lcm keeps chat-completions conversations."""
+        try:
+            self.callers.resolve(request.headers, request.path_params.get("token"), [])
+        except RequestError as exc:
+            return _error(exc)
+        tail = request.url.path.split("/v1", 1)[1]
+        try:
+            answer = await self.upstream.forward(request.method, tail, self._forwarded(request), await request.body(),
+                                                 dict(request.query_params))
+        except UpstreamTimeout:
+            return self._timed_out()
+        except UpstreamUnreachable as exc:
+            return _unreachable(exc)
+        return _with_upstream_headers(StreamingResponse(_relayed(answer), status_code=answer.status),
+                                      _typed(answer.content_type, answer.headers))
 
     async def models(self, request: Request) -> Response:
         try:
@@ -337,6 +369,20 @@ class _Proxy:
                 yield event
         for event in sse_events(buffer + b"\n\n"):
             yield event
+
+
+async def _relayed(answer: Streamed) -> AsyncIterator[bytes]:
+    """A passed-through answer's bytes as they arrive. One that breaks off is broken off for
+    the client too: the error propagates, so the server drops the connection before the
+    chunked body's end (ending it normally would pass a cut answer off as whole)."""
+    try:
+        async for piece in answer.chunks():
+            yield piece
+    except (UpstreamTimeout, UpstreamUnreachable) as exc:
+        log.warning("lcm proxy: a passed-through answer broke off: %s", exc)
+        raise
+    finally:
+        answer.close()
 
 
 @dataclass

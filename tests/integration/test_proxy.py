@@ -488,6 +488,34 @@ def test_models_are_passed_through(store, upstream, proxy):
     assert [m.id for m in listed.data] == ["scripted"]
 
 
+def test_the_rest_of_the_api_passes_through_untouched_and_nothing_of_it_is_stored(store, upstream, proxy):
+    """A client pointed at the proxy for everything keeps working: embeddings through the
+    ``openai`` package, a streamed answer on another route relayed as it came, a query string,
+    another method, the upstream's error status."""
+    from tests.support.llm_server import embeddings
+
+    upstream.handler = lambda body: embeddings(body) if body.get("model") == "text-embedding-test" else (
+        completion("relayed as it came"))
+    client = client_of(proxy)
+    vectors = client.embeddings.create(model="text-embedding-test", input=["zebra crossing", "the depot"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 64
+    sent = {k.lower(): v for k, v in upstream.headers[-1].items()}
+    assert upstream.paths[-1] == "/v1/embeddings" and sent["authorization"] == "Bearer sk-client-secret-123"
+    with httpx.stream("POST", proxy.url + "/responses", json={"model": "m", "input": "hi", "stream": True},
+                      headers={"Authorization": "Bearer sk-x"}) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream"
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]
+                   if json.loads(e[6:])["choices"]) == "relayed as it came"
+    assert upstream.paths[-1] == "/v1/responses"
+    listed = httpx.get(proxy.url + "/files", params={"purpose": "assistants"})
+    assert listed.status_code == 200 and upstream.paths[-1] == "/v1/files?purpose=assistants"
+    gone = httpx.delete(proxy.url + "/files/file-123")
+    assert gone.status_code == 404 and "file-123" in gone.json()["error"]["message"]
+    assert store.health.stats()["messages"] == 0  # only chat completions are conversations
+
+
 def test_two_agents_never_see_each_others_history(store, upstream, proxy):
     """Adversarial: agent B opens its conversation exactly like agent A's, uses the same session
     key, and asks lcm_grep for A's secret; nothing of A reaches B's model or B's answers."""
@@ -536,6 +564,9 @@ def test_with_a_token_map_the_token_decides_the_agent(store, upstream):
         assert by_header.status_code == 200
         assert [s.agent for s in (*store.sessions.each("alice"), *store.sessions.each("bob"))] == ["alice", "bob"]
         assert upstream.requests and httpx.get(running.url + "/models").status_code == 401
+        asked = len(upstream.requests)
+        assert httpx.post(running.url + "/embeddings", json={"model": "e", "input": "x"}).status_code == 401
+        assert len(upstream.requests) == asked  # the rest of the API needs the token too
     finally:
         running.close()
 

@@ -96,8 +96,14 @@ class ScriptedLLM:
                 pass
 
             def do_GET(self) -> None:  # /v1/models, probed by some clients
+                server.paths.append(self.path)
+                server.headers.append(dict(self.headers))
                 self._send(Reply(200, {"object": "list", "data": [
                     {"id": "scripted", "object": "model", "owned_by": "tests"}]}))
+
+            def do_DELETE(self) -> None:  # an API route the scripted model does not serve
+                server.paths.append(self.path)
+                self._send(error(404, f"no such object: {self.path}"))
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
