@@ -168,7 +168,7 @@ class _Proxy:
         tail = request.url.path.split("/v1", 1)[1]
         try:
             answer = await self.upstream.forward(request.method, tail, self._forwarded(request), await request.body(),
-                                                 dict(request.query_params))
+                                                 request.query_params.multi_items())
         except UpstreamTimeout:
             return self._timed_out()
         except UpstreamUnreachable as exc:
@@ -183,7 +183,8 @@ class _Proxy:
             return _error(exc)
         tail = request.url.path.split("/v1", 1)[1]
         try:
-            answer = await self.upstream.call("GET", tail, self._forwarded(request), params=dict(request.query_params))
+            answer = await self.upstream.call("GET", tail, self._forwarded(request),
+                                              params=request.query_params.multi_items())
         except UpstreamTimeout:
             return self._timed_out()
         except UpstreamUnreachable as exc:

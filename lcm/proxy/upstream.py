@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class UpstreamUnreachable(Exception):
     """The upstream refused, reset or cut the connection (the message says which)."""
 
 
+#: A query string's (name, value) pairs, repeats kept (``?include=a&include=b``).
+Params = Sequence[tuple[str, str]]
 #: Raw (name, value) header lines, as received.
 Headers = list[tuple[bytes, bytes]]
 
@@ -145,7 +147,7 @@ class Upstream:
             await self._session.close()
 
     async def _send(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
-                    params: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
+                    params: Params | None = None) -> aiohttp.ClientResponse:
         data = None
         sent = dict(headers)
         if body is not None:
@@ -160,7 +162,7 @@ class Upstream:
             raise _translated(exc) from exc
 
     async def call(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
-                   params: Mapping[str, str] | None = None) -> Answer:
+                   params: Params | None = None) -> Answer:
         """The whole answer to one request."""
         response = await self._send(method, path, headers, body, params)
         streamed = Streamed(response)
@@ -172,7 +174,7 @@ class Upstream:
         return Streamed(await self._send("POST", path, headers, body))
 
     async def forward(self, method: str, path: str, headers: Mapping[str, str], content: bytes,
-                      params: Mapping[str, str] | None = None) -> Streamed:
+                      params: Params | None = None) -> Streamed:
         """Any other request of the API, its body's bytes as the client sent them (its own
         ``Content-Type``); the answer read as it arrives."""
         try:

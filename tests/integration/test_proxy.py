@@ -509,8 +509,8 @@ def test_the_rest_of_the_api_passes_through_untouched_and_nothing_of_it_is_store
     assert "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]
                    if json.loads(e[6:])["choices"]) == "relayed as it came"
     assert upstream.paths[-1] == "/v1/responses"
-    listed = httpx.get(proxy.url + "/files", params={"purpose": "assistants"})
-    assert listed.status_code == 200 and upstream.paths[-1] == "/v1/files?purpose=assistants"
+    listed = httpx.get(proxy.url + "/files", params=[("purpose", "assistants"), ("include", "a"), ("include", "b")])
+    assert listed.status_code == 200 and upstream.paths[-1] == "/v1/files?purpose=assistants&include=a&include=b"
     gone = httpx.delete(proxy.url + "/files/file-123")
     assert gone.status_code == 404 and "file-123" in gone.json()["error"]["message"]
     assert store.health.stats()["messages"] == 0  # only chat completions are conversations
