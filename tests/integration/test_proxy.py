@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -514,6 +515,53 @@ def test_the_rest_of_the_api_passes_through_untouched_and_nothing_of_it_is_store
     gone = httpx.delete(proxy.url + "/files/file-123")
     assert gone.status_code == 404 and "file-123" in gone.json()["error"]["message"]
     assert store.health.stats()["messages"] == 0  # only chat completions are conversations
+
+
+def _chunked_upstream_that_breaks_off() -> tuple[str, threading.Thread]:
+    """An HTTP/1.1 upstream (raw sockets) that answers one request with a chunked body and
+    closes the connection after its first chunk, before the chunked body's end."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn, listener:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"d\r\ndata: first\n\n\r\n")
+            time.sleep(0.2)
+            conn.shutdown(socket.SHUT_RDWR)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/v1", thread
+
+
+def test_a_passed_through_body_the_upstream_breaks_off_is_broken_off_for_the_client(store):
+    """Ending the relayed body normally would pass a cut answer off as whole: the client gets
+    what arrived, then a broken connection, as from the upstream itself."""
+    url, served = _chunked_upstream_that_breaks_off()
+    running = ProxyThread(store, url)
+    try:
+        with httpx.stream("POST", running.url + "/responses", json={"model": "m", "input": "hi", "stream": True},
+                          timeout=30) as answer:
+            assert answer.status_code == 200
+            got = b""
+            with pytest.raises(httpx.RemoteProtocolError):
+                for piece in answer.iter_raw():
+                    got += piece
+        assert got == b"data: first\n\n"
+    finally:
+        running.close()
+        served.join(timeout=5)
 
 
 def test_two_agents_never_see_each_others_history(store, upstream, proxy):
