@@ -512,6 +512,9 @@ def test_the_rest_of_the_api_passes_through_untouched_and_nothing_of_it_is_store
     assert upstream.paths[-1] == "/v1/responses"
     listed = httpx.get(proxy.url + "/files", params=[("purpose", "assistants"), ("include", "a"), ("include", "b")])
     assert listed.status_code == 200 and upstream.paths[-1] == "/v1/files?purpose=assistants&include=a&include=b"
+    client.files.create(file=("notes.jsonl", b'{"a": "multipart bytes as sent"}\n'), purpose="batch")
+    assert upstream.paths[-1] == "/v1/files" and "multipart bytes as sent" in upstream.requests[-1]["_unparsed"]
+    assert {k.lower(): v for k, v in upstream.headers[-1].items()}["content-type"].startswith("multipart/form-data")
     gone = httpx.delete(proxy.url + "/files/file-123")
     assert gone.status_code == 404 and "file-123" in gone.json()["error"]["message"]
     assert store.health.stats()["messages"] == 0  # only chat completions are conversations
