@@ -259,6 +259,42 @@ def test_the_providers_headers_reach_the_client_and_its_framing_does_not(store, 
     assert stored(store, "default", f"headers-{case}")[-1]["content"] == "all well"
 
 
+def test_a_request_sent_four_times_at_once_stores_its_message_once_and_every_answer_once(store, upstream, proxy):
+    """A double (quadruple) submit: the question is stored once; each of the four different
+    answers the clients got is kept once (the first in the session, the others in forks from
+    the question); the client that goes on with the third answer continues in its fork."""
+    import itertools
+    from concurrent.futures import ThreadPoolExecutor
+
+    numbers, lock = itertools.count(1), threading.Lock()
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if is_summary_call(body):
+            return echo(body)
+        with lock:
+            return completion(f"answer {next(numbers)}")
+
+    upstream.handler = answer
+    history: list[dict[str, Any]] = [{"role": "user", "content": "a question sent four times"}]
+
+    def ask(messages: list[dict[str, Any]]) -> str:
+        got = httpx.post(proxy.url + "/chat/completions", json={"model": "m", "messages": messages},
+                         headers={"X-LCM-Session": "quadruple"}, timeout=60)
+        assert got.status_code == 200, got.text
+        return str(got.json()["choices"][0]["message"]["content"])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = sorted(pool.map(ask, [history] * 4))
+    assert answers == ["answer 1", "answer 2", "answer 3", "answer 4"]
+    kept = {s.session_key: [m["content"] for m in stored(store, "default", s.session_key)]
+            for s in store.sessions.each("default")}
+    assert sum(rows.count("a question sent four times") for rows in kept.values()) == 1
+    assert sorted(c for rows in kept.values() for c in rows if c.startswith("answer")) == answers
+    ask([*history, {"role": "assistant", "content": "answer 3"}, {"role": "user", "content": "go on"}])
+    third = next(key for key, rows in kept.items() if "answer 3" in rows)
+    assert [m["content"] for m in stored(store, "default", third)][-3:] == ["answer 3", "go on", "answer 5"]
+
+
 def test_several_choices_store_the_first_and_a_client_going_on_with_another_forks_there(store, upstream, proxy):
     """``n`` > 1: lcm cannot know which choice the client keeps. The first is stored as the
     answer; a client that goes on with another has edited its history, and the conversation
