@@ -1,6 +1,6 @@
-"""The proxy's HTTP side: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``
-passed through, both also under ``/t/<token>/v1`` (the token-in-base-URL form, see
-``lcm.proxy.callers``), and ``GET /health``.
+"""The proxy's HTTP side: ``POST /v1/chat/completions`` (streamed or not), every other route
+of the API passed through unstored (``/v1/models``, embeddings, files...), both also under
+``/t/<token>/v1`` (the token-in-base-URL form, see ``lcm.proxy.callers``), and ``GET /health``.
 
 A completion, in order (store work runs in worker threads, the upstream calls on the event
 loop):
@@ -83,9 +83,7 @@ def create_app(settings: ProxySettings, conversations: Conversations, callers: C
     routes = [Route("/health", proxy.health, methods=["GET"])]
     for prefix in ("/v1", "/t/{token}/v1"):
         routes += [Route(f"{prefix}/chat/completions", proxy.completions, methods=["POST"]),
-                   Route(f"{prefix}/models", proxy.models, methods=["GET"]),
-                   Route(prefix + "/models/{model:path}", proxy.models, methods=["GET"]),
-                   # The rest of the API (embeddings, the Responses API, audio, files...), last:
+                   # The rest of the API (models, embeddings, the Responses API, audio, files...):
                    Route(prefix + "/{rest:path}", proxy.passthrough, methods=PASSED_THROUGH)]
 
     @contextlib.asynccontextmanager
@@ -157,7 +155,7 @@ class _Proxy:
         return {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
 
     async def passthrough(self, request: Request) -> Response:
-        """Any other route of the API (``/v1/embeddings``, ``/v1/responses``, audio, files...):
+        """Any other route of the API (``/v1/models``, ``/v1/embeddings``, ``/v1/responses``, files...):
         sent upstream as the client sent it, with the same checks of who is asking as a chat
         completion, and answered as the upstream answers, relayed as it arrives. Nothing of it
         is stored: lcm keeps chat-completions conversations."""
@@ -175,21 +173,6 @@ class _Proxy:
             return _unreachable(exc)
         return _with_upstream_headers(StreamingResponse(_relayed(answer), status_code=answer.status),
                                       _typed(answer.content_type, answer.headers))
-
-    async def models(self, request: Request) -> Response:
-        try:
-            self.callers.resolve(request.headers, request.path_params.get("token"), [])
-        except RequestError as exc:
-            return _error(exc)
-        tail = request.url.path.split("/v1", 1)[1]
-        try:
-            answer = await self.upstream.call("GET", tail, self._forwarded(request),
-                                              params=request.query_params.multi_items())
-        except UpstreamTimeout:
-            return self._timed_out()
-        except UpstreamUnreachable as exc:
-            return _unreachable(exc)
-        return _as_received(answer)
 
     # ------------------------------------------------------------------ completions
 

@@ -146,41 +146,32 @@ class Upstream:
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
-    async def _send(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
+    async def _send(self, method: str, path: str, headers: Mapping[str, str], data: bytes | None,
                     params: Params | None = None) -> aiohttp.ClientResponse:
-        data = None
-        sent = dict(headers)
-        if body is not None:
-            data = json_bytes(body)
-            sent = {k: v for k, v in sent.items() if k.lower() != "content-type"}
-            sent["Content-Type"] = "application/json"
         try:
-            return await self._client().request(method, self.base + path, data=data, headers=sent,
-                                                params=params, allow_redirects=False,
-                                                proxy=self.via)
+            return await self._client().request(method, self.base + path, data=data, headers=dict(headers),
+                                                params=params, allow_redirects=False, proxy=self.via)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _translated(exc) from exc
 
-    async def call(self, method: str, path: str, headers: Mapping[str, str], body: Any = None,
-                   params: Params | None = None) -> Answer:
+    async def _send_json(self, method: str, path: str, headers: Mapping[str, str], body: Any) -> aiohttp.ClientResponse:
+        """``body`` as the app built it, sent as JSON (the client's own ``Content-Type`` replaced)."""
+        sent = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        sent["Content-Type"] = "application/json"
+        return await self._send(method, path, sent, json_bytes(body))
+
+    async def call(self, method: str, path: str, headers: Mapping[str, str], body: Any) -> Answer:
         """The whole answer to one request."""
-        response = await self._send(method, path, headers, body, params)
-        streamed = Streamed(response)
+        streamed = Streamed(await self._send_json(method, path, headers, body))
         content = await streamed.read()
         return Answer(streamed.status, streamed.content_type, content, streamed.headers)
 
     async def open(self, path: str, headers: Mapping[str, str], body: Any) -> Streamed:
         """A POST whose answer is read as it arrives."""
-        return Streamed(await self._send("POST", path, headers, body))
+        return Streamed(await self._send_json("POST", path, headers, body))
 
     async def forward(self, method: str, path: str, headers: Mapping[str, str], content: bytes,
                       params: Params | None = None) -> Streamed:
         """Any other request of the API, its body's bytes as the client sent them (its own
         ``Content-Type``); the answer read as it arrives."""
-        try:
-            response = await self._client().request(method, self.base + path, data=content or None,
-                                                    headers=dict(headers), params=params, allow_redirects=False,
-                                                    proxy=self.via)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _translated(exc) from exc
-        return Streamed(response)
+        return Streamed(await self._send(method, path, headers, content or None, params))
