@@ -121,7 +121,7 @@ def test_an_openai_compatible_endpoint_embeds_messages_and_queries(make_engine, 
     first = llm.requests[0]
     assert first["model"] == "text-embedding-test" and first["dimensions"] == 32
     assert first["encoding_format"] == "float" and isinstance(first["input"], list)
-    assert llm.headers[0]["Authorization"] == "Bearer sk-test"
+    assert llm.headers[0]["authorization"] == "Bearer sk-test"
     res = call(engine, "lcm_grep", query="depot zebra", mode="semantic", limit=1)
     assert res["results"][0]["snippet"].startswith("**zebra**") and res["results"][0]["match"] == "semantic"
     status = call(engine, "lcm_status")["embeddings"]

@@ -86,7 +86,7 @@ class ScriptedLLM:
     handler: Callable[[dict[str, Any]], Reply] = field(default=lambda body: completion("ok"))
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each request's, names lower-cased
 
     def __post_init__(self) -> None:
         server = self
@@ -97,7 +97,7 @@ class ScriptedLLM:
 
             def do_GET(self) -> None:  # /v1/models, probed by some clients
                 server.paths.append(self.path)
-                server.headers.append(dict(self.headers))
+                server.headers.append({k.lower(): v for k, v in self.headers.items()})
                 self._send(Reply(200, {"object": "list", "data": [
                     {"id": "scripted", "object": "model", "owned_by": "tests"}]}))
 
@@ -114,7 +114,7 @@ class ScriptedLLM:
                     body = {"_unparsed": raw.decode("utf-8", "replace")}
                 server.requests.append(body)
                 server.paths.append(self.path)
-                server.headers.append(dict(self.headers))
+                server.headers.append({k.lower(): v for k, v in self.headers.items()})
                 try:
                     reply = server.handler(body)
                 except Exception as exc:  # noqa: BLE001 - a handler bug becomes a 500, visibly
