@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
 from lcm.config import LcmConfig
 from lcm.context.summarize import RouteError, Summarizer, SummaryRequest
 from lcm.context.summarize.prompts import EXPAND_PREFIX, EXTRACTIVE_MARKER
-from lcm.context.summarize.routes import Breakers
+from lcm.context.summarize.routes import Breakers, bounded_call
 from lcm.context.summarize.text import strip_reasoning
 from lcm.tokens import TokenCounter
 from tests.support.llm_server import completion, error
@@ -86,11 +87,27 @@ def test_a_timeout_is_a_failure_not_a_hang(llm):
     def handler(body):
         reply = completion("from the fallback")
         if body["model"] == "primary":
-            reply.delay = 1.5
+            reply.delay = 3.0
         return reply
     llm.handler = handler
-    draft = summarizer(llm, summary_timeout_ms=300, summary_fallback_models=("secondary",)).summarize(REQUEST)
+    draft = summarizer(llm, summary_timeout_ms=1000, summary_fallback_models=("secondary",)).summarize(REQUEST)
     assert draft.model == "secondary" and draft.content.startswith("from the fallback")
+
+
+def test_abandoned_calls_never_hold_up_the_next_one():
+    """CI failure at stop 46: calls past their bound kept a fixed pool of four threads busy, so a
+    later call (the fallback model's) queued behind them and timed out without ever being sent."""
+    release = threading.Event()
+    for _ in range(6):  # more hung calls than the old pool had threads
+        with pytest.raises(RouteError) as hung:
+            bounded_call(release.wait, 0.02, "hung")
+        assert hung.value.kind == "timeout"
+    try:
+        assert bounded_call(lambda: "answered", 2.0, "next") == "answered"
+        with pytest.raises(ValueError, match="bad answer"):  # what the call raises reaches the caller
+            bounded_call(lambda: (_ for _ in ()).throw(ValueError("bad answer")), 2.0, "next")
+    finally:
+        release.set()
 
 
 def test_reasoning_blocks_are_stripped_and_an_unclosed_one_fails(llm):

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -25,10 +25,6 @@ T = TypeVar("T")
 AUTH_COOLDOWN_FACTOR = 12
 #: A completion larger than this is refused (a runaway or hostile server), not read to the end.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-#: LLM calls run on these threads so that a call's wall-clock bound holds whatever the server
-#: does (a drip of one byte a second defeats a per-read timeout). A call past its bound is
-#: abandoned: the caller moves on at once, the thread ends at its own next check.
-_CALLS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lcm-llm")
 _UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 
 
@@ -39,13 +35,29 @@ def sendable(text: str) -> str:
 
 
 def bounded_call(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """``fn()`` on an LLM thread, given at most ``timeout`` seconds of wall clock (RouteError
-    "timeout" past that); what ``fn`` raises is raised here."""
-    future = _CALLS.submit(fn)
+    """``fn()`` on a thread of its own, given at most ``timeout`` seconds of wall clock
+    (RouteError "timeout" past that); what ``fn`` raises is raised here.
+
+    Why a thread and not a per-read timeout: a server dripping one byte a second defeats the
+    latter. Why a thread per call and not a pool: a call past its bound is abandoned (the caller
+    moves on at once, the thread ends at its own next check), and abandoned calls held in a
+    fixed pool would queue every later call behind them until each timed out unstarted. A
+    thread costs tens of microseconds against an LLM call's hundreds of milliseconds.
+    """
+    future: Future[T] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who re-raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="lcm-llm", daemon=True).start()
     try:
         return future.result(timeout=max(0.0, timeout))
     except FuturesTimeout:
-        future.cancel()
         raise RouteError("timeout", f"{what}: no complete answer within {timeout:.1f} s") from None
 
 
