@@ -109,24 +109,21 @@ class HealthRepository:
         with self._core.read() as conn:
             results.extend(self._core.backend.check_database(conn, whole=scope.whole))
             results.extend(self._core.backend.check_search_index(conn, deep, ids))
-            results.extend(self._check_counters(conn, ids))
+            scan = _scan_messages(conn, ids)
+            results.extend(self._check_counters(conn, ids, scan))
             results.extend(self._check_coverage(conn, ids))
             results.extend(self._check_edges(conn, ids))
-            results.append(self._check_duplicates(conn, ids))
+            results.append(self._check_duplicates(scan))
             results.append(self._check_fork_repeats(conn, ids))
             results.append(self._check_summary_sizes(conn, ids))
         return results
 
-    def _check_counters(self, conn: Connection, ids: Sessions) -> list[CheckResult]:
-        m = messages_t
-        actual = _within(select(m.c.session_id, func.count().label("n"), func.max(m.c.seq).label("top"),
-                                func.sum(m.c.token_count).label("tok")), m, ids).group_by(m.c.session_id).subquery()
-        bad = conn.execute(_within(select(sessions_t.c.id), sessions_t, ids, "id").outerjoin(
-            actual, actual.c.session_id == sessions_t.c.id).where(
-            (sessions_t.c.message_count != func.coalesce(actual.c.n, 0))
-            | (sessions_t.c.last_seq != func.coalesce(actual.c.top, 0))
-            | (sessions_t.c.token_count != func.coalesce(actual.c.tok, 0))
-            | (sessions_t.c.message_count != sessions_t.c.last_seq))).scalars().all()
+    def _check_counters(self, conn: Connection, ids: Sessions, scan: _MessageScan) -> list[CheckResult]:
+        bad = [sid for sid, n, top, tok in conn.execute(_within(select(
+            sessions_t.c.id, sessions_t.c.message_count, sessions_t.c.last_seq, sessions_t.c.token_count),
+            sessions_t, ids, "id")).all()
+            if (n, top, tok) != scan.counters.get(sid, (0, 0, 0)) or n != top]
+        bad.sort()
         out = [CheckResult(
             "session_counters", "fail" if bad else "ok",
             f"message counters disagree with the rows in sessions {bad[:10]}" if bad
@@ -148,9 +145,9 @@ class HealthRepository:
             "summary_counters", "fail" if drift else "ok",
             f"summary counters disagree with the DAG in sessions {drift[:10]}" if drift
             else "each session's summary count and tokens match its uncondensed and carried summaries"))
-        misfiled = sum(conn.execute(_within(select(func.count()).select_from(t).join(
-            sessions_t, sessions_t.c.id == t.c.session_id).where(
-            t.c.agent_id != sessions_t.c.agent_id), t, ids)).scalar_one() for t in (messages_t, summaries_t))
+        misfiled = scan.misfiled + conn.execute(_within(select(func.count()).select_from(summaries_t).join(
+            sessions_t, sessions_t.c.id == summaries_t.c.session_id).where(
+            summaries_t.c.agent_id != sessions_t.c.agent_id), summaries_t, ids)).scalar_one()
         out.append(CheckResult(
             "agent_scope", "fail" if misfiled else "ok",
             f"{misfiled} rows carry another agent than their session's" if misfiled
@@ -238,16 +235,12 @@ class HealthRepository:
                             "; ".join(problems) if problems else
                             "edges are consistent: no orphans, depth+1 parents, one parent each")]
 
-    def _check_duplicates(self, conn: Connection, ids: Sessions) -> CheckResult:
+    @staticmethod
+    def _check_duplicates(scan: _MessageScan) -> CheckResult:
         """Messages stored twice in one session. A tool result answers one call id, which a
         model issues once: the same result for the same id twice in a session is a copy.
         Text alone ("ok", "ok") is never taken for one: people repeat themselves."""
-        m = messages_t
-        dup = _within(select(m.c.session_id, func.count().label("n")).where(
-            m.c.role == "tool", m.c.tool_call_id.is_not(None)), m, ids).group_by(
-            m.c.session_id, m.c.tool_call_id, m.c.content_hash).having(func.count() > 1).subquery()
-        rows = conn.execute(select(dup.c.session_id, func.sum(dup.c.n - 1)).group_by(
-            dup.c.session_id).order_by(dup.c.session_id).limit(10)).all()
+        rows = sorted(scan.copies.items())[:10]
         if not rows:
             return CheckResult("duplicate_messages", "ok",
                                "no tool result is stored twice for the same call in a session")
@@ -373,6 +366,38 @@ class HealthRepository:
 
 #: The sessions a check reads (None: every one).
 Sessions = tuple[int, ...] | None
+
+
+@dataclass
+class _MessageScan:
+    """What the checks need from the scoped messages, read in one pass: per session its rows,
+    highest seq and token total (``counters``), the tool results stored more than once for the
+    same call (``copies``, extra rows per session), and the rows filed under another agent
+    than their session's (``misfiled``). Three passes over every scoped row before (counters,
+    copies, agent scope: 250-360 ms each at 500k messages on PostgreSQL)."""
+
+    counters: dict[int, tuple[int, int, int]]
+    copies: dict[int, int]
+    misfiled: int
+
+
+def _scan_messages(conn: Connection, ids: Sessions) -> _MessageScan:
+    """One read of the scoped messages, grouped by session. Copies: a session's tool results
+    less its distinct (content, call) pairs; the pair is one value because count(DISTINCT)
+    takes one expression on SQLite, and unambiguous because the hash is fixed-length hex. Of
+    the shapes measured (200k messages, alternated), this one was the fastest on SQLite and
+    on a par on PostgreSQL with a hash aggregate by (session, agent, call, content) first,
+    which on SQLite sorts every row."""
+    m, s = messages_t, sessions_t
+    copy_key = case((m.c.role == "tool", m.c.content_hash.concat(":").concat(m.c.tool_call_id)), else_=None)
+    rows = conn.execute(_within(select(
+        m.c.session_id, func.count(), func.max(m.c.seq), func.sum(m.c.token_count),
+        func.count(copy_key) - func.count(copy_key.distinct()),
+        func.sum(case((m.c.agent_id != s.c.agent_id, 1), else_=0))).select_from(m).join(
+        s, s.c.id == m.c.session_id), m, ids).group_by(m.c.session_id)).all()
+    return _MessageScan(counters={sid: (int(n), int(top), int(tok or 0)) for sid, n, top, tok, _, _ in rows},
+                        copies={sid: int(extra) for sid, _, _, _, extra, _ in rows if extra},
+                        misfiled=sum(int(other or 0) for *_, other in rows))
 
 
 def _within(query: Any, table: Any, ids: Sessions, column: str = "session_id") -> Any:

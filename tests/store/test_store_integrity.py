@@ -88,9 +88,10 @@ def test_a_row_filed_under_another_agent_is_found(store, populated):
     session, ids, _ = populated
     other = store.sessions.get_or_create("agent-b", "elsewhere")
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE lcm_messages SET agent_id = :a WHERE id = :i"),
-                     {"a": other.agent_pk, "i": ids[0]})
-    assert statuses(store)["agent_scope"] == "fail"
+        conn.execute(text("UPDATE lcm_messages SET agent_id = :a WHERE id IN (:i, :j)"),
+                     {"a": other.agent_pk, "i": ids[0], "j": ids[3]})
+    check = {c.name: c for c in store.health.checks()}["agent_scope"]
+    assert check.status == "fail" and check.detail.startswith("2 rows carry another agent")
 
 
 def test_a_tool_result_stored_twice_for_one_call_is_reported(store, session):
