@@ -190,7 +190,8 @@ class SearchRepository:
     def messages(self, query: str, *, agent: str, session_pk: int | None = None,
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
-                 any_words: bool = False, snippets: bool = True, held_session: int | None = None) -> SearchResult:
+                 any_words: bool = False, snippets: bool = True, held_session: int | None = None,
+                 every_word_first: bool = True) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
@@ -204,6 +205,10 @@ class SearchRepository:
         message waiting for its stems is found by its exact words, the search does not stop to
         stem that region's messages (a write of 1-3 ms); the background catch-up stems them
         within about a second (``StoreCore.catch_up_index``).
+        ``every_word_first`` False (with ``any_words``): only the any-word part, every hit
+        ``match="any"``. A row with every word still comes first there (it scores each word's
+        IDF), by that score rather than BM25; what is skipped is a search that, for a question
+        the caller has just stored (auto-recall), always finds at least the question itself.
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
@@ -211,7 +216,8 @@ class SearchRepository:
                          lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
                          any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to, snippets=snippets,
-                         candidates_many=backend.search_messages_many, held_session=held_session)
+                         candidates_many=backend.search_messages_many, held_session=held_session,
+                         every_word_first=every_word_first or not any_words)
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -228,7 +234,7 @@ class SearchRepository:
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
              hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool, *,
              candidates_many: _Many | None = None, held_session: int | None = None,
-             **filters: Any) -> SearchResult:
+             every_word_first: bool = True, **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -247,9 +253,9 @@ class SearchRepository:
                               ranked=sort != "recency", limit=limit, **filters)
             if spec.query.is_empty:
                 return SearchResult(hits=[], notes=spec.query.notes + notes, unindexed=unindexed, unindexed_note=note)
-            found, clamped = candidates_of(conn, spec)
+            found, clamped = candidates_of(conn, spec) if every_word_first else ([], False)
             chosen = order_candidates(found, sort, limit)
-            hits = hits_of(conn, spec, chosen)
+            hits = hits_of(conn, spec, chosen) if chosen else []
             wider = any_words(spec.query) if with_any and len(chosen) < limit else None
             if wider is not None:
                 newest = spec.newest_id(conn, table.name)

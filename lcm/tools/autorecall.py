@@ -42,6 +42,11 @@ MAX_TOKENS_PER_HIT = 250
 #: characters a token, so a line cut here keeps nearly its share; denser text (code, numbers,
 #: CJK) is cut further by the count that follows.
 PRECUT_CHARS_PER_TOKEN = 4
+#: Whether the search starts with the rows that have every word of the message. The message was
+#: stored just before it is recalled (the proxy, a host's turn), so that search always finds
+#: at least the message itself, and any other row with every word also leads the any-word
+#: search that follows (it has each word's weight). Skipping it: see docs/benchmarks.md.
+EVERY_WORD_FIRST = False
 
 
 @dataclass
@@ -86,7 +91,8 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
     # stop to stem them (PostgreSQL, 1-3 ms a recall). Compacted ones still are stemmed first.
     current = context.current
     found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES,
-                 snippets=False, held_session=current.id if current is not None else None)
+                 snippets=False, held_session=current.id if current is not None else None,
+                 every_word_first=EVERY_WORD_FIRST)
     block = RecallBlock(mode=found.mode, considered=len(found.hits))
     hits = [h for h in found.hits if h.kind == "message"]
     if not hits:

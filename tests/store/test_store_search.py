@@ -737,3 +737,27 @@ def test_a_scope_scan_reads_rows_until_it_has_enough_matches():
     assert scanned_rows(10_000, 9_500, 1_001) * SCAN_ROW_COST < gin_postings(parse_query("common"), ["a1"], stats)
     # two mid words (25 matches in the agent): the whole agent read costs more than GIN's postings
     assert scanned_rows(10_000, 9, 1_001) * SCAN_ROW_COST > gin_postings(parse_query("mid other"), ["a1"], stats)
+
+
+def test_the_any_word_search_alone_puts_a_row_with_every_word_first(store):
+    """``every_word_first=False`` (auto-recall): no every-word search, only the any-word part,
+    and a row with every word still leads it. Another agent's row with every word stays out."""
+    mine = store.sessions.get_or_create("agent-a", "s")
+    ids = append_messages(store, mine.id, [
+        {"role": "user", "content": "the quokka enclosure needs a new gate"},
+        {"role": "assistant", "content": "the enclosure gate at the quokka pen was replaced in May"},
+        {"role": "user", "content": "what about the gate code"},
+        {"role": "assistant", "content": "nothing related here at all"},
+    ] + [{"role": "user", "content": f"filler message {i} about gates"} for i in range(6)]).store_ids
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, theirs.id, [{"role": "user", "content": "quokka enclosure gate replaced"}])
+
+    both = store.search.messages("quokka enclosure gate replaced", agent="agent-a", sort="relevance",
+                                 limit=5, any_words=True)
+    alone = store.search.messages("quokka enclosure gate replaced", agent="agent-a", sort="relevance",
+                                  limit=5, any_words=True, every_word_first=False)
+    assert both.hits[0].id == alone.hits[0].id == ids[1]  # the one row with every word
+    assert both.hits[0].match == "all" and {h.match for h in alone.hits} == {"any"}
+    assert [h.id for h in alone.hits][:2] == [ids[1], ids[0]]  # then the row with three of them
+    assert ids[3] not in {h.id for h in alone.hits}
+    assert all(h.session_pk == mine.id for h in alone.hits)

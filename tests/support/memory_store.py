@@ -546,12 +546,12 @@ class MemorySearch(_Part):
         return matched if matched == len(query.groups) else None
 
     def _search(self, query: str, limit: int, any_words: bool,
-                rows: list[tuple[str, SearchHit]]) -> SearchResult:
+                rows: list[tuple[str, SearchHit]], every_word_first: bool = True) -> SearchResult:
         parsed = parse_query(query)
         if parsed.is_empty:
             return SearchResult(hits=[], notes=parsed.notes)
         hits = [replace(h, snippet=make_snippet(text, parsed)) for text, h in rows
-                if self._score(text, parsed) is not None][:limit]
+                if self._score(text, parsed) is not None][:limit] if every_word_first or not any_words else []
         wider = textindex.any_words(parsed) if any_words and len(hits) < limit else None
         if wider is not None:
             seen = {h.id for h in hits}
@@ -566,7 +566,8 @@ class MemorySearch(_Part):
     def messages(self, query: str, *, agent: str, session_pk: int | None = None, roles: Sequence[str] = (),
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
                  sort: str = "recency", limit: int = 10, any_words: bool = False,
-                 snippets: bool = True, held_session: int | None = None) -> SearchResult:
+                 snippets: bool = True, held_session: int | None = None,
+                 every_word_first: bool = True) -> SearchResult:
         # held_session: nothing here waits for an index, so there is nothing to leave waiting
         agent_pk = self._data.agent(agent, create=False)
         rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
@@ -577,7 +578,7 @@ class MemorySearch(_Part):
                 and (not roles or r.role in roles) and (time_from is None or r.ts >= time_from)
                 and (time_to is None or r.ts <= time_to)
                 and (platform is None or self._data.sessions[r.session_pk].platform == platform)]
-        return self._search(query, limit, any_words, rows)
+        return self._search(query, limit, any_words, rows, every_word_first)
 
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: str = "recency",
                   limit: int = 10, time_from: float | None = None, time_to: float | None = None,
