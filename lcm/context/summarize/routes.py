@@ -46,9 +46,7 @@ def bounded_call(fn: Callable[[], T], timeout: float, what: str) -> T:
     """
     future: Future[T] = Future()
 
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
+    def run() -> None:  # nothing cancels the future: the caller only stops waiting for it
         try:
             future.set_result(fn())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, who re-raises it
