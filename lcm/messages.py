@@ -188,19 +188,63 @@ def _call_substance(call: Any) -> Any:
     return {"id": call.get("id"), "type": call.get("type") or "function", "function": fn}
 
 
-def substance(message: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes a message *this* message: who said it (role, and the speaker ``name`` of a
-    non-tool message), what was said (content; null, empty and absent are one "nothing"), which
-    tools it called (id, type, function name and arguments of each call) and which call it
-    answers. Everything else is an annotation a host may add or drop between sending a message
-    and sending it back — Hermes adds ``timestamp`` and drops ``reasoning`` and
-    ``finish_reason`` when it reloads a session, adds ``tool_name``, stamps ``api_content`` —
-    and must not turn one message into two."""
+#: Keys of a content part that instruct the provider rather than say anything: clients that use
+#: Anthropic-style prompt caching (Cline, Roo Code, aider and others through OpenRouter or an
+#: OpenAI-compatible gateway) mark the newest messages with ``cache_control`` on every request
+#: and drop the mark from a message once newer ones take it, so one message arrives with and
+#: without it.
+PART_HINT_KEYS = frozenset({"cache_control"})
+
+
+def _part_substance(part: Any) -> Any:
+    if isinstance(part, Mapping) and not PART_HINT_KEYS.isdisjoint(part.keys()):
+        return {k: v for k, v in part.items() if k not in PART_HINT_KEYS}
+    return part
+
+
+def without_part_hints(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The message without the provider hints on its content's parts (``PART_HINT_KEYS``); the
+    same object when it has none."""
     content = message.get("content")
+    if not isinstance(content, list) or all(
+            not isinstance(p, Mapping) or PART_HINT_KEYS.isdisjoint(p.keys()) for p in content):
+        return message
+    return {**message, "content": [_part_substance(p) for p in content]}
+
+
+def content_substance(content: Any) -> Any:
+    """What a message's content says, whatever form a client sends it in: lcm's recall blocks
+    left out of text; a list of parts without their provider hints (``PART_HINT_KEYS``); and a
+    list of one plain text part as that text, which the API treats as the same message (clients
+    and SDKs switch between the two forms when they re-send their history). Several parts stay
+    a list: how the API joins them is the provider's business. Null, empty and absent are one
+    "nothing" (None)."""
+    if isinstance(content, list):
+        parts = [_part_substance(p) for p in content]
+        if len(parts) == 1:
+            only = parts[0]
+            if (isinstance(only, Mapping) and only.get("type") == "text" and only.keys() == {"type", "text"}
+                    and isinstance(only.get("text"), str)):
+                content = only["text"]
+            else:
+                content = parts
+        else:
+            content = parts
     if isinstance(content, str):
         content = strip_recall_blocks(content)
-    out: dict[str, Any] = {"role": message.get("role"),
-                           "content": None if content in (None, "", []) else content}
+    return None if content in (None, "", []) else content
+
+
+def substance(message: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes a message *this* message: who said it (role, and the speaker ``name`` of a
+    non-tool message), what was said (:func:`content_substance`: the same words in a string or
+    in one text part, with or without a prompt-cache mark, are one content), which tools it
+    called (id, type, function name and arguments of each call) and which call it answers.
+    Everything else is an annotation a host may add or drop between sending a message and
+    sending it back — Hermes adds ``timestamp`` and drops ``reasoning`` and ``finish_reason``
+    when it reloads a session, adds ``tool_name``, stamps ``api_content``; a chat client moves
+    ``cache_control`` marks — and must not turn one message into two."""
+    out: dict[str, Any] = {"role": message.get("role"), "content": content_substance(message.get("content"))}
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [_call_substance(c) for c in calls] if isinstance(calls, list) else calls

@@ -35,7 +35,7 @@ from lcm.context.session import ContextSession
 from lcm.context.summarize import Route
 from lcm.context.summarize.routes import OpenAICompatibleRoute
 from lcm.errors import retry_dropped
-from lcm.messages import content_hash
+from lcm.messages import content_hash, without_part_hints
 from lcm.proxy.callers import Caller
 from lcm.proxy.windows import Windows
 from lcm.tokens import TokenCounter
@@ -136,7 +136,7 @@ class Conversations:
             view = self._as_held(conversation, messages)
             sendable = retry_dropped(lambda: context.turn(view))
             conversation.client_seen, conversation.handed, conversation.view = messages, sendable, view
-            return conversation, self._with_recall(conversation, list(sendable))
+            return conversation, self._with_recall(conversation, list(sendable), messages)
 
     @staticmethod
     def _as_held(conversation: Conversation, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,9 +174,11 @@ class Conversations:
                 self._tool_sizes[key] = known
         return known
 
-    def _with_recall(self, conversation: Conversation, sendable: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _with_recall(self, conversation: Conversation, sendable: list[dict[str, Any]],
+                     client: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The recall block on the newest user message (when it is the last message: a tool
         round's continuation asks nothing new), and the remembered blocks on earlier ones.
+        Each message goes out in the client's form of it (``in_clients_form``).
 
         The messages the last request also sent (the very objects: a held context) are taken
         as they went out then, so a request costs what is new in it, not its whole history."""
@@ -184,6 +186,7 @@ class Conversations:
         last_in, last_out = conversation.sent
         same = same_objects_prefix(out, last_in)
         out[:same] = last_out[:same]
+        in_clients_form(out, client, start=same)
         last_user = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
         for i in range(same, len(out)):
             message = out[i]
@@ -223,6 +226,31 @@ class Conversations:
     def run_locked(self, conversation: Conversation, action: Callable[[ContextSession], Any]) -> Any:
         with conversation.lock:
             return retry_dropped(lambda: action(conversation.context))
+
+
+def in_clients_form(out: list[dict[str, Any]], client: list[dict[str, Any]], *, start: int = 0) -> None:
+    """Put each message of ``out`` from ``start`` (lcm's context: stored or held messages) in the
+    form the client sends it now, in place, where the forms can differ: a content of parts.
+
+    A client that uses prompt caching marks its newest messages' parts with ``cache_control``
+    and moves the marks on every request; lcm stores a message as first sent, marks included.
+    Sent back from the store, every message once marked would carry its mark again, and a
+    provider refuses more than a few (Anthropic: 4). So a message the client still sends goes
+    out as the client sends it now (found by substance, see ``lcm.messages.content_substance``)
+    and any other one without its parts' hints."""
+    forms: dict[str, dict[str, Any]] | None = None
+    theirs: set[int] = set()
+    for i in range(start, len(out)):
+        message = out[i]
+        if not isinstance(message.get("content"), list):
+            continue
+        if forms is None:
+            listed = [m for m in client if isinstance(m.get("content"), list)]
+            forms, theirs = {content_hash(m): m for m in listed}, {id(m) for m in listed}
+        if id(message) in theirs:  # the client's own object: already its form
+            continue
+        now = forms.get(content_hash(message))
+        out[i] = now if now is not None else dict(without_part_hints(message))
 
 
 def with_block(message: Mapping[str, Any], block: str) -> dict[str, Any]:

@@ -69,3 +69,77 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
     if changed_text and reindex is not None:
         reindex(conn, changed_text)
     return {"identities": changed_ids, "search_texts": len(changed_text)}
+
+
+_sessions = sa.table("lcm_sessions", sa.column("id"), sa.column("parent_id"), sa.column("fork_seq"))
+
+
+def rehash_part_contents(conn: Connection) -> dict[str, int]:
+    """Revision 0015: recompute the substance hash of every message whose content is a list of
+    parts (one plain text part now hashes as its text; ``cache_control`` marks are left out),
+    and re-chain the identities from the first message whose hash changed, in its session and
+    in the forks that branch off at or after it. One scan of the messages' kinds finds the
+    sessions that hold such a message; only their part messages are read, and only the
+    sessions that changed are re-chained. Returns counts of what changed."""
+    candidates = conn.execute(sa.select(_messages.c.session_id).where(
+        _messages.c.content_kind.in_(("json", "payload"))).distinct().order_by(_messages.c.session_id)).scalars().all()
+    first_changed: dict[int, int] = {}  # session -> the first seq whose hash changes
+    for session_pk in candidates:
+        after = 0
+        while session_pk not in first_changed:
+            rows = conn.execute(sa.select(_messages).where(
+                _messages.c.session_id == session_pk, _messages.c.seq > after,
+                _messages.c.content_kind.in_(("json", "payload"))).order_by(_messages.c.seq).limit(PAGE)).all()
+            if not rows:
+                break
+            payloads = load_payloads(conn, [r.payload_id for r in rows])
+            for row in rows:
+                if content_hash(rebuild_message(row, payloads)) != row.content_hash:
+                    first_changed[session_pk] = row.seq
+                    break
+            after = rows[-1].seq
+    if not first_changed:
+        return {"sessions": 0, "hashes": 0, "identities": 0}
+    # Forks chain their first message from their parent's message at the fork point: a fork
+    # of a changed session at or after the change is re-chained whole. Forks have larger ids
+    # than their parents, so one pass in id order sees every parent first.
+    forks = conn.execute(sa.select(_sessions.c.id, _sessions.c.parent_id, _sessions.c.fork_seq).where(
+        _sessions.c.parent_id.is_not(None)).order_by(_sessions.c.id)).all()
+    for fork_pk, parent_pk, fork_seq in forks:
+        changed_at = first_changed.get(parent_pk)
+        if changed_at is not None and (fork_seq or 0) >= changed_at:
+            first_changed[fork_pk] = min(first_changed.get(fork_pk, 1), 1)
+    parents = {pk: (parent_pk, fork_seq) for pk, parent_pk, fork_seq in forks}
+    hashes = identities = 0
+    for session_pk in sorted(first_changed):
+        start = first_changed[session_pk]
+        if start > 1:
+            previous = conn.execute(sa.select(_messages.c.identity).where(
+                _messages.c.session_id == session_pk, _messages.c.seq < start)
+                .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
+        elif session_pk in parents:
+            parent_pk, fork_seq = parents[session_pk]
+            previous = conn.execute(sa.select(_messages.c.identity).where(
+                _messages.c.session_id == parent_pk, _messages.c.seq <= (fork_seq or 0))
+                .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
+        else:
+            previous = ""
+        after = start - 1
+        while True:
+            rows = conn.execute(sa.select(_messages).where(
+                _messages.c.session_id == session_pk, _messages.c.seq > after)
+                .order_by(_messages.c.seq).limit(PAGE)).all()
+            if not rows:
+                break
+            payloads = load_payloads(conn, [r.payload_id for r in rows])
+            for row in rows:
+                message = rebuild_message(row, payloads)
+                digest = content_hash(message)
+                identity = previous = message_identity(previous, digest, message_uid(message))
+                if digest != row.content_hash or identity != row.identity:
+                    conn.execute(sa.update(_messages).where(_messages.c.id == row.id).values(
+                        content_hash=digest, identity=identity))
+                    hashes += digest != row.content_hash
+                    identities += identity != row.identity
+            after = rows[-1].seq
+    return {"sessions": len(first_changed), "hashes": hashes, "identities": identities}

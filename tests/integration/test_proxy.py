@@ -741,6 +741,56 @@ def test_two_hundred_turns_on_a_16k_window_stay_within_it_and_an_early_fact_come
     assert kept > 150 and changed < 50, (kept, changed)
 
 
+def cache_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request as a client that uses Anthropic-style prompt caching sends it (Cline, Roo
+    Code): ``cache_control`` on the system prompt and on the last two user messages, each then
+    a list of one text part; every other message as plain text."""
+    users = [i for i, m in enumerate(history) if m["role"] == "user"][-2:]
+    mark = {"cache_control": {"type": "ephemeral"}}
+    return [{**m, "content": [{"type": "text", "text": m["content"], **mark}]}
+            if i in users or m["role"] == "system" else m for i, m in enumerate(history)]
+
+
+def marks(messages: list[dict[str, Any]]) -> list[int]:
+    return [i for i, m in enumerate(messages) if "cache_control" in json.dumps(m.get("content"))]
+
+
+def test_a_client_that_moves_its_prompt_cache_marks_is_stored_once_and_its_marks_go_up_as_sent(store, upstream):
+    """Every request moves the marks: the message that had one now comes as plain text. Stored:
+    each message once, in order, in one session (as first sent, mark and all). Upstream, past
+    the compaction threshold too: the marks the client set now and no others (lcm's context
+    comes from the store, where every user message was once marked; a provider refuses more
+    than four)."""
+    running = ProxyThread(store, upstream.url, context_length=4_000)
+    try:
+        client = httpx.Client(timeout=30)
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+        for turn in range(30):
+            history.append({"role": "user", "content": f"step {turn}: " + "refactor the parser module " * 8})
+            answer = client.post(running.url + "/chat/completions", headers={"X-LCM-Session": "marked"},
+                                 json={"model": "claude-sonnet-4", "messages": cache_marked(history)})
+            answer.raise_for_status()
+            history.append({"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]})
+    finally:
+        running.close()
+    session = store.sessions.find("default", "marked")
+    assert session is not None and session.covered_seq > 0  # compacted: lcm's context went upstream
+    assert store.sessions.forks(session.id) == []
+    rows = stored(store, "default", "marked")
+    said = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in rows]
+    assert said == [m["content"] for m in history[1:]]
+    chats = chat_requests(upstream)
+    assert len(chats) == 30
+    assembled = 0
+    for body in chats:
+        sent = body["messages"]
+        if sent[1]["role"] == "user" and not str(sent[1]["content"]).startswith("step 0"):
+            assembled += 1  # a summary heads lcm's context
+        users = [i for i, m in enumerate(sent) if m["role"] == "user"]
+        assert marks(sent) == [0, *users[-2:]], (marks(sent), users)
+    assert assembled > 10
+
+
 @pytest.mark.slow
 def test_kill_9_mid_stream_then_the_clients_retry_loses_nothing_and_stores_nothing_twice(db_url, upstream):
     from lcm.store import Store

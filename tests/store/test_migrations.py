@@ -108,6 +108,24 @@ def write_at_0003(conn) -> None:
     conn.execute(text("UPDATE lcm_sessions SET summary_count = 1, summary_tokens = 5 WHERE id = 1"))
 
 
+def v2_content_hash(message: dict) -> str:
+    """Identity v2 (revisions 0004-0014): role, content as sent (a list of parts as it came,
+    ``cache_control`` and all), tool calls, the answered call, the speaker's name."""
+    content = message.get("content")
+    body: dict = {"role": message.get("role"), "content": None if content in (None, "", []) else content}
+    if message.get("tool_calls"):
+        body["tool_calls"] = [{"id": c.get("id"), "type": c.get("type") or "function",
+                               "function": {"name": c["function"].get("name"),
+                                            "arguments": c["function"].get("arguments")}}
+                              for c in message["tool_calls"]]
+    if message.get("tool_call_id") is not None:
+        body["tool_call_id"] = message["tool_call_id"]
+    if message.get("role") != "tool" and message.get("name") is not None:
+        body["name"] = message["name"]
+    canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:32]
+
+
 def write_at_0004(conn) -> None:
     """0004 keeps identity v2: lcm at 0004 wrote v2 identities and left recall traffic unindexed."""
     from lcm.store.upgrades import recompute_message_identities
@@ -118,7 +136,13 @@ def write_at_0004(conn) -> None:
         from lcm.backends.postgres import PostgresBackend
 
         reindex = PostgresBackend().rewrite_exact_vectors
-    recompute_message_identities(conn, reindex=reindex)
+    recompute_message_identities(conn, reindex=reindex)  # the search texts as 0004 left them
+    previous = ""
+    for seq, message in enumerate(OLD_MESSAGES, start=1):  # the hashes as v2 computed them
+        digest = v2_content_hash(message)
+        previous = chain_identity(previous, digest)
+        conn.execute(text("UPDATE lcm_messages SET content_hash = :h, identity = :i WHERE session_id = 1 "
+                          "AND seq = :s"), {"h": digest, "i": previous, "s": seq})
 
 
 GENERATED_DIGEST = "d" * 64
@@ -142,6 +166,38 @@ def write_at_0006(conn) -> None:
                  {"d": OLD_PROMPT_DIGEST, "m": json.dumps({"role": "system", "content": "kept at 0006"})})
 
 
+#: A conversation whose client re-encodes it between requests, as 0014 stored it: a fork
+#: branches off the old session after its part message, and its own first message is a list
+#: with a prompt-cache mark.
+CACHE_MARKED = {"role": "user", "content": [{"type": "text", "text": "marked question",
+                                             "cache_control": {"type": "ephemeral"}}]}
+
+
+def write_at_0014(conn) -> None:
+    write_at_0006(conn)
+    now = 1_600_000_000.0
+    conn.execute(text(
+        "INSERT INTO lcm_sessions (agent_id, session_key, platform, conversation_id, created_at, updated_at, "
+        "last_seq, message_count, token_count, covered_seq, covered_tokens, parent_id, fork_seq) "
+        "VALUES (1, 'old-session/fork-1', 'cli', NULL, :t, :t, 2, 2, 20, 0, 0, 1, 5)"), {"t": now})
+    fork_id = conn.execute(text("SELECT id FROM lcm_sessions WHERE session_key = 'old-session/fork-1'")).scalar_one()
+    previous = conn.execute(text("SELECT identity FROM lcm_messages WHERE session_id = 1 AND seq = 5")).scalar_one()
+    for seq, message in enumerate([CACHE_MARKED, {"role": "assistant", "content": "marked answer"}], start=1):
+        enc = encode_message(message)
+        digest = v2_content_hash(message)
+        previous = chain_identity(previous, digest)
+        conn.execute(text(
+            "INSERT INTO lcm_messages (session_id, agent_id, seq, identity, content_hash, role, content_kind, "
+            "content, search_text, token_count, ts) VALUES (:sid, 1, :seq, :ident, :hash, :role, :kind, :content, "
+            ":st, 10, :t)"),
+            {"sid": fork_id, "seq": seq, "ident": previous, "hash": digest, "role": enc.role,
+             "kind": enc.content_kind, "content": enc.content, "st": index_body(enc.text), "t": now})
+    if conn.dialect.name == "postgresql":
+        from lcm.backends.postgres import PostgresBackend
+
+        PostgresBackend().rebuild_exact_vectors(conn)
+
+
 WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002,
            "0003_engine_state": write_at_0003, "0004_message_identity_v2": write_at_0004,
            "0005_writers_and_forks": write_at_0005, "0006_system_prompts": write_at_0006,
@@ -158,7 +214,9 @@ WRITERS = {"0001_core_schema": write_at_0001, "0002_search_index": write_at_0002
            # keep none (their summaries are lcm's own, as before, and cover nothing known).
            "0012_stems_off_the_turn": write_at_0006,
            # 0014 sets a storage parameter of PostgreSQL's search indexes: the same rows.
-           "0013_generated_coverage": write_at_0006}
+           "0013_generated_coverage": write_at_0006,
+           # 0015 rehashes list contents (identity v3): rows written at 0014 carry v2 hashes.
+           "0014_small_gin_pending_lists": write_at_0014}
 
 
 def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
@@ -203,6 +261,18 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     bad = [c for c in store.health.checks(deep=True)
            if c.status == "fail" and c.name not in ("session_counters", "coverage")]
     assert not bad, bad
+    # 0015: a one-text-part list is its text, cache marks or not: re-sent either way, adds nothing.
+    assert OLD_MESSAGES[4]["content"] == [{"type": "text", "text": "parts survive"}]
+    as_text = [*OLD_MESSAGES[:4], {**OLD_MESSAGES[4], "content": "parts survive"}, *OLD_MESSAGES[5:]]
+    assert append_messages(store, session.id, as_text).inserted == 0
+    fork = store.sessions.find("old-agent", "old-session/fork-1")
+    if fork is not None:  # written at 0014
+        resent = [*OLD_MESSAGES[:5], {"role": "user", "content": "marked question"},
+                  {"role": "assistant", "content": [{"type": "text", "text": "marked answer",
+                                                     "cache_control": {"type": "ephemeral"}}]}]
+        fork_point = store.messages.get_range(session.id)[4].identity
+        assert append_messages(store, fork.id, resent[5:], after_identity=fork_point).inserted == 0
+        assert [m.message for m in store.messages.get_range(fork.id)][0] == CACHE_MARKED  # as first sent
     # 0014: PostgreSQL's search indexes keep small pending lists (every search reads them).
     if store.backend_name == "postgresql":
         with store.engine.connect() as conn:

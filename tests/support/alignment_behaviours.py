@@ -77,6 +77,38 @@ def test_nothing_is_lost_and_nothing_unique_is_stored_twice(store, data):
     assert sum(m in new for m in rows.values()) == len(new)
 
 
+def _re_encoded(history: list[dict], turn: int) -> list[dict]:
+    """``history`` as a client re-encodes it at request ``turn``: the last two user messages as
+    one text part with a prompt-cache mark (Cline, Roo Code), every third message's text as
+    one plain text part (an SDK that switches forms), the rest as sent."""
+    users = [i for i, m in enumerate(history) if m["role"] == "user"][-2:]
+    out = []
+    for i, m in enumerate(history):
+        if i in users:
+            m = {**m, "content": [{"type": "text", "text": m["content"], "cache_control": {"type": "ephemeral"}}]}
+        elif (i + turn) % 3 == 0:
+            m = {**m, "content": [{"type": "text", "text": m["content"]}]}
+        out.append(m)
+    return out
+
+
+def test_a_client_that_re_encodes_its_history_every_request_stores_each_message_once(make_engine):
+    """Each request moves the cache marks and switches forms: the same messages, stored once, in
+    order, in one session (each as first sent)."""
+    engine = make_engine(context_length=10_000_000)
+    engine.on_session_start("re-encoded")
+    history: list[dict] = []
+    for turn in range(12):
+        history.append({"role": "user", "content": f"question {turn}"})
+        engine.on_turn_complete([SYSTEM, *_re_encoded(history, turn)])
+        history.append({"role": "assistant", "content": f"answer {turn}"})
+        engine.on_turn_complete([SYSTEM, *_re_encoded(history, turn)])
+    rows = _stored(engine.store, engine.session.id)
+    said = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in rows]
+    assert said == [m["content"] for m in history]
+    assert engine.store.sessions.forks(engine.session.id) == []
+
+
 #: The tests the collecting modules import (``from ... import *``): every behaviour, so none is
 #: forgotten on one side.
 __all__ = sorted(name for name in dir() if name.startswith("test_"))

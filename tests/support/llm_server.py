@@ -198,8 +198,14 @@ class ScriptedLLM:
 
     @staticmethod
     def system_prompt(body: dict[str, Any]) -> str:
+        """The leading system message's text (its text parts joined, for a list of parts)."""
         msgs = body.get("messages") or []
-        return msgs[0].get("content", "") if msgs and msgs[0].get("role") == "system" else ""
+        if not msgs or msgs[0].get("role") != "system":
+            return ""
+        content = msgs[0].get("content") or ""
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content
 
     @staticmethod
     def last_user(body: dict[str, Any]) -> str:

@@ -111,11 +111,36 @@ def test_annotations_a_host_adds_or_drops_are_not_identity(live, reloaded):
     assert _rebuild(encode_message(live)) == live  # while every key is still stored as sent
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:1"}}
+MARK = {"cache_control": {"type": "ephemeral"}}
+
+
+@pytest.mark.parametrize("sent,resent", [
+    # an SDK switching a message between a string and one text part
+    ({"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+    ({"role": "assistant", "content": [{"type": "text", "text": "done"}]}, {"role": "assistant", "content": "done"}),
+    # a client moving its prompt-cache marks to the newest messages (Cline, Roo Code, aider)
+    ({"role": "user", "content": [{"type": "text", "text": "hi", **MARK}]}, {"role": "user", "content": "hi"}),
+    ({"role": "user", "content": [{"type": "text", "text": "look"}, {**IMAGE, **MARK}]},
+     {"role": "user", "content": [{"type": "text", "text": "look"}, IMAGE]}),
+    ({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "out", **MARK}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "out"}),
+    ({"role": "user", "content": []}, {"role": "user", "content": [{"type": "text", "text": ""}]}),
+])
+def test_a_content_re_encoded_by_the_client_is_the_same_message(sent, resent):
+    assert content_hash(sent) == content_hash(resent)
+    assert _rebuild(encode_message(sent)) == sent  # stored as first sent
+
+
 @pytest.mark.parametrize("a,b", [
     ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}),
     ({"role": "user", "content": "hi"}, {"role": "user", "content": "hi "}),
     ({"role": "user", "content": "hi", "name": "alice"}, {"role": "user", "content": "hi", "name": "bob"}),
-    ({"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+    ({"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "hi!"}]}),
+    # several parts stay parts: how the API joins them is the provider's business
+    ({"role": "user", "content": "ab"}, {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                     {"type": "text", "text": "b"}]}),
+    ({"role": "user", "content": [IMAGE]}, {"role": "user", "content": [{**IMAGE, "image_url": {"url": "data:2"}}]}),
     ({"role": "assistant", "tool_calls": [CALL]},
      {"role": "assistant", "tool_calls": [{**CALL, "function": {**CALL["function"], "arguments": "{}"}}]}),
     ({"role": "tool", "tool_call_id": "c1", "content": "x"}, {"role": "tool", "tool_call_id": "c2", "content": "x"}),
