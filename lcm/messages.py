@@ -179,12 +179,26 @@ def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in HOST_MARKER_KEYS}
 
 
+def arguments_substance(arguments: Any) -> Any:
+    """What a tool call's arguments say: a JSON text as its value (canonical: sorted keys, no
+    spaces), since clients that keep calls as parsed objects (LangChain, the Vercel AI SDK)
+    serialise them again with their own spacing and key order when they re-send the history;
+    any other value as it is (a text that is not JSON is compared as written)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return {"json": value}
+
+
 def _call_substance(call: Any) -> Any:
     if not isinstance(call, Mapping):
         return call
     fn = call.get("function")
     if isinstance(fn, Mapping):
-        fn = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+        fn = {"name": fn.get("name"), "arguments": arguments_substance(fn.get("arguments"))}
     return {"id": call.get("id"), "type": call.get("type") or "function", "function": fn}
 
 

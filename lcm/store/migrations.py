@@ -32,7 +32,7 @@ KNOWN_REVISIONS: tuple[str, ...] = ("0001_core_schema", "0002_search_index", "00
                                      "0009_session_origin", "0010_deferred_message_index",
                                      "0011_deferred_token_counts", "0012_stems_off_the_turn",
                                      "0013_generated_coverage", "0014_small_gin_pending_lists",
-                                     "0015_content_parts_substance")
+                                     "0015_message_identity_v3")
 HEAD = KNOWN_REVISIONS[-1]
 VERSION_TABLE = "lcm_alembic_version"
 #: Key of the PostgreSQL advisory lock that serialises concurrent `lcm db upgrade` runs.

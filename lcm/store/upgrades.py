@@ -74,22 +74,24 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
 _sessions = sa.table("lcm_sessions", sa.column("id"), sa.column("parent_id"), sa.column("fork_seq"))
 
 
-def rehash_part_contents(conn: Connection) -> dict[str, int]:
+def rehash_identity_v3(conn: Connection) -> dict[str, int]:
     """Revision 0015: recompute the substance hash of every message whose content is a list of
-    parts (one plain text part now hashes as its text; ``cache_control`` marks are left out),
-    and re-chain the identities from the first message whose hash changed, in its session and
-    in the forks that branch off at or after it. One scan of the messages' kinds finds the
-    sessions that hold such a message; only their part messages are read, and only the
+    parts (one plain text part now hashes as its text; ``cache_control`` marks are left out) or
+    that calls tools (JSON arguments now hash as their value, whatever their spacing), and
+    re-chain the identities from the first message whose hash changed, in its session and in
+    the forks that branch off at or after it. One scan of the messages' kinds finds the
+    sessions that hold such a message; only those messages are read, and only the
     sessions that changed are re-chained. Returns counts of what changed."""
-    candidates = conn.execute(sa.select(_messages.c.session_id).where(
-        _messages.c.content_kind.in_(("json", "payload"))).distinct().order_by(_messages.c.session_id)).scalars().all()
+    may_change = sa.or_(_messages.c.content_kind.in_(("json", "payload")), _messages.c.tool_calls.is_not(None))
+    candidates = conn.execute(sa.select(_messages.c.session_id).where(may_change).distinct()
+                              .order_by(_messages.c.session_id)).scalars().all()
     first_changed: dict[int, int] = {}  # session -> the first seq whose hash changes
     for session_pk in candidates:
         after = 0
         while session_pk not in first_changed:
             rows = conn.execute(sa.select(_messages).where(
-                _messages.c.session_id == session_pk, _messages.c.seq > after,
-                _messages.c.content_kind.in_(("json", "payload"))).order_by(_messages.c.seq).limit(PAGE)).all()
+                _messages.c.session_id == session_pk, _messages.c.seq > after, may_change)
+                .order_by(_messages.c.seq).limit(PAGE)).all()
             if not rows:
                 break
             payloads = load_payloads(conn, [r.payload_id for r in rows])

@@ -791,6 +791,47 @@ def test_a_client_that_moves_its_prompt_cache_marks_is_stored_once_and_its_marks
     assert assembled > 10
 
 
+def test_a_client_that_serialises_tool_calls_again_stores_each_turn_once(store, upstream, proxy):
+    """A client that keeps tool calls as parsed objects (LangChain, the Vercel AI SDK) sends the
+    model's calls back with its own spacing and key order: the same calls, so the conversation
+    stays one session, every message stored once."""
+    calls = iter(range(1_000))
+
+    def model(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return completion("read it")
+        n = next(calls)
+        return completion(None, tool_calls=[{"id": f"call_{n}", "type": "function", "function": {
+            "name": "read_file", "arguments": json.dumps({"path": f"src/m{n}.py", "lines": [1, 50]}, indent=1)}}])
+
+    upstream.handler = model
+    client = httpx.Client(timeout=30)
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"look at module {turn}"})
+        for _ in range(2):  # the call, then the answer after its result
+            answer = client.post(proxy.url + "/chat/completions", headers={"X-LCM-Session": "parsed"},
+                                 json={"model": "gpt-4o", "messages": history, "tools": [
+                                     {"type": "function", "function": {"name": "read_file", "parameters": {}}}]})
+            answer.raise_for_status()
+            message = answer.json()["choices"][0]["message"]
+            if message.get("tool_calls"):
+                call = message["tool_calls"][0]
+                parsed = json.loads(call["function"]["arguments"])  # kept parsed, sent back re-serialised
+                history.append({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call["id"], "type": "function",
+                     "function": {"name": "read_file", "arguments": json.dumps(parsed, separators=(",", ":"))}}]})
+                history.append({"role": "tool", "tool_call_id": call["id"], "content": f"contents of {parsed['path']}"})
+            else:
+                history.append({"role": "assistant", "content": message["content"]})
+    session = store.sessions.find("default", "parsed")
+    assert store.sessions.forks(session.id) == []
+    rows = stored(store, "default", "parsed")
+    assert [(m["role"], m.get("content")) for m in rows] == [(m["role"], m.get("content")) for m in history[1:]]
+    first_call = rows[1]["tool_calls"][0]["function"]["arguments"]
+    assert first_call.startswith("{\n")  # stored as the model wrote it first
+
+
 @pytest.mark.slow
 def test_kill_9_mid_stream_then_the_clients_retry_loses_nothing_and_stores_nothing_twice(db_url, upstream):
     from lcm.store import Store

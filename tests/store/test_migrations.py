@@ -263,7 +263,11 @@ def verify_old_data(store: Store, prompts_kept: int = 0) -> None:
     assert not bad, bad
     # 0015: a one-text-part list is its text, cache marks or not: re-sent either way, adds nothing.
     assert OLD_MESSAGES[4]["content"] == [{"type": "text", "text": "parts survive"}]
-    as_text = [*OLD_MESSAGES[:4], {**OLD_MESSAGES[4], "content": "parts survive"}, *OLD_MESSAGES[5:]]
+    # ...and tool-call arguments serialised again with other spacing are the same call.
+    respaced = {**OLD_MESSAGES[2], "tool_calls": [
+        {**OLD_MESSAGES[2]["tool_calls"][0], "function": {"name": "grep", "arguments": '{"q":"marmot"}'}}]}
+    as_text = [*OLD_MESSAGES[:2], respaced, OLD_MESSAGES[3], {**OLD_MESSAGES[4], "content": "parts survive"},
+               *OLD_MESSAGES[5:]]
     assert append_messages(store, session.id, as_text).inserted == 0
     fork = store.sessions.find("old-agent", "old-session/fork-1")
     if fork is not None:  # written at 0014

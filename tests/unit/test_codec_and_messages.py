@@ -126,6 +126,10 @@ MARK = {"cache_control": {"type": "ephemeral"}}
     ({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "out", **MARK}]},
      {"role": "tool", "tool_call_id": "c1", "content": "out"}),
     ({"role": "user", "content": []}, {"role": "user", "content": [{"type": "text", "text": ""}]}),
+    # a client that keeps calls parsed (LangChain, the Vercel AI SDK) serialises them again
+    ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"b":1,"a":"é"}'}}]},
+     {"role": "assistant",
+      "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\\u00e9", "b": 1}'}}]}),
 ])
 def test_a_content_re_encoded_by_the_client_is_the_same_message(sent, resent):
     assert content_hash(sent) == content_hash(resent)
@@ -143,6 +147,13 @@ def test_a_content_re_encoded_by_the_client_is_the_same_message(sent, resent):
     ({"role": "user", "content": [IMAGE]}, {"role": "user", "content": [{**IMAGE, "image_url": {"url": "data:2"}}]}),
     ({"role": "assistant", "tool_calls": [CALL]},
      {"role": "assistant", "tool_calls": [{**CALL, "function": {**CALL["function"], "arguments": "{}"}}]}),
+    # arguments that are not JSON are compared as written; a JSON text is not that text
+    ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "ls -l"}}]},
+     {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "ls  -l"}}]}),
+    ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '"x"'}}]},
+     {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "x"}}]}),
+    ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"n": 1}'}}]},
+     {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"n": 1.5}'}}]}),
     ({"role": "tool", "tool_call_id": "c1", "content": "x"}, {"role": "tool", "tool_call_id": "c2", "content": "x"}),
 ])
 def test_what_was_said_is_identity(a, b):
