@@ -11,8 +11,11 @@ calls in it are dropped, not run (the model sees, on the next request, that it d
 them, and may make them again). Neither they nor the lcm rounds are stored: the stored
 conversation is what the client holds.
 
-Not offered when the request asks for several choices (``n`` > 1: which one would continue?)
-or names a tool it must call (``tool_choice`` naming a function), and never with ``--no-tools``.
+Not offered when the request asks for several choices (``n`` > 1: which one would continue?),
+allows no tool (``tool_choice`` "none"), or must call one of its own (``tool_choice``
+"required" or naming a function: the client counts on a call it can run, and a model that
+kept calling lcm's would run out of rounds and have to answer without any), and never with
+``--no-tools``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def offer(body: Mapping[str, Any]) -> Offer:
     if int(body.get("n") or 1) > 1:
         return NOT_OFFERED
     choice = body.get("tool_choice")
-    if choice == "none" or (isinstance(choice, Mapping) and choice.get("type") == "function"):
+    if choice in ("none", "required") or (isinstance(choice, Mapping) and choice.get("type") == "function"):
         return NOT_OFFERED
     own = list(body.get("tools") or [])
     taken = {((t.get("function") or {}).get("name")) for t in own if isinstance(t, Mapping)}

@@ -971,6 +971,24 @@ def test_listening_beyond_loopback_needs_a_token_and_a_private_token_map(sqlite_
     assert refused.returncode == 1 and f"chmod 600 {tokens}" in refused.stderr
 
 
+@pytest.mark.parametrize("choice,offered", [
+    ("auto", True), (None, True),
+    ("none", False), ("required", False), ({"type": "function", "function": {"name": "get_weather"}}, False)])
+def test_lcm_tools_are_offered_unless_the_client_forbids_tools_or_needs_its_own(store, upstream, proxy, choice,
+                                                                                 offered):
+    """"required" or a named function: the client counts on a call it can run (a model calling
+    lcm's tools instead would use up the rounds and be made to answer without any)."""
+    own_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    body: dict[str, Any] = {"model": "gpt-4o", "tools": [own_tool], "messages": [{"role": "user", "content": "hi"}]}
+    if choice is not None:
+        body["tool_choice"] = choice
+    httpx.post(proxy.url + "/chat/completions", json=body, timeout=30).raise_for_status()
+    [sent] = chat_requests(upstream)
+    names = [t["function"]["name"] for t in sent["tools"]]
+    assert names[0] == "get_weather" and ("lcm_grep" in names) == offered
+    assert sent.get("tool_choice") == choice  # as the client sent it
+
+
 def test_without_tools_the_upstream_gets_the_clients_tools_only(store, upstream):
     running = ProxyThread(store, upstream.url, tools=False)
     own_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
