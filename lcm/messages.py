@@ -182,10 +182,10 @@ def clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
 def arguments_substance(arguments: Any) -> Any:
     """What a tool call's arguments say: a JSON text as its value (canonical: sorted keys, no
     spaces), since clients that keep calls as parsed objects (LangChain, the Vercel AI SDK)
-    serialise them again with their own spacing and key order when they re-send the history;
-    any other value as it is (a text that is not JSON is compared as written)."""
+    serialise them again with their own spacing and key order when they re-send the history,
+    and a few send the object itself; a text that is not JSON is compared as written."""
     if not isinstance(arguments, str):
-        return arguments
+        return {"json": arguments}
     try:
         value = json.loads(arguments)
     except (ValueError, RecursionError):

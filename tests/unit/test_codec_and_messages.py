@@ -130,6 +130,8 @@ MARK = {"cache_control": {"type": "ephemeral"}}
     ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"b":1,"a":"é"}'}}]},
      {"role": "assistant",
       "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\\u00e9", "b": 1}'}}]}),
+    ({"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"b": 1}'}}]},
+     {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"b": 1}}}]}),
 ])
 def test_a_content_re_encoded_by_the_client_is_the_same_message(sent, resent):
     assert content_hash(sent) == content_hash(resent)
