@@ -134,14 +134,20 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
             if not rows:
                 break
             payloads = load_payloads(conn, [r.payload_id for r in rows])
+            changes = []
             for row in rows:
                 message = rebuild_message(row, payloads)
                 digest = content_hash(message)
                 identity = previous = message_identity(previous, digest, message_uid(message))
                 if digest != row.content_hash or identity != row.identity:
-                    conn.execute(sa.update(_messages).where(_messages.c.id == row.id).values(
-                        content_hash=digest, identity=identity))
+                    changes.append({"row_id": row.id, "new_hash": digest, "new_identity": identity})
                     hashes += digest != row.content_hash
                     identities += identity != row.identity
+            if changes:  # one statement per page, in seq order (every new identity is a fresh hash)
+                conn.execute(_REHASH, changes)
             after = rows[-1].seq
     return {"sessions": len(first_changed), "hashes": hashes, "identities": identities}
+
+
+_REHASH = sa.update(_messages).where(_messages.c.id == sa.bindparam("row_id")).values(
+    content_hash=sa.bindparam("new_hash"), identity=sa.bindparam("new_identity"))

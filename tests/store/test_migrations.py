@@ -361,6 +361,72 @@ def test_rows_indexed_before_0010_and_rows_pending_after_it_stay_consistent(db_u
     assert all(c.status == "ok" for n, c in checks.items() if n.startswith("search_index")), checks
 
 
+def test_0015_rehashes_a_long_session_and_its_fork_and_keeps_every_identity_chain(db_url):
+    """A session longer than a page of the upgrade (1,000 rows) whose tool calls and part
+    contents were hashed by v2, and a fork after its 1,100th message: after 0015 every row's
+    hash is its v3 substance hash and every identity chains from its predecessor (the fork's
+    first from its parent's fork point), so the whole history re-sent from its start, or the
+    fork's messages after the fork point, add nothing."""
+    from lcm.messages import content_hash
+    from lcm.prepare import message_identity
+
+    def message(i: int) -> dict:
+        if i % 3 == 1:
+            return {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": f'{{"n": {i}}}'}}]}
+        if i % 3 == 2:
+            return {"role": "tool", "tool_call_id": f"c{i - 1}", "content": [{"type": "text", "text": f"out {i}"}]}
+        return {"role": "user", "content": f"question {i}"}
+
+    history = [message(i) for i in range(1_200)]
+    fork_messages = [{"role": "user", "content": [{"type": "text", "text": "other way",
+                                                   "cache_control": {"type": "ephemeral"}}]}, message(1)]
+    url = db.resolve_url(db_url)
+    migrations.upgrade(url, "0014_small_gin_pending_lists")
+    engine = db.standalone_engine(url)
+    with engine.connect().execution_options(lcm_write=True) as conn, conn.begin():
+        conn.execute(text("INSERT INTO lcm_agents (name, created_at) VALUES ('a', 1.0)"))
+        for key, parent, fork_seq, rows in (("long", None, None, history), ("long/fork-1", 1, 1_100, fork_messages)):
+            conn.execute(text(
+                "INSERT INTO lcm_sessions (agent_id, session_key, created_at, updated_at, last_seq, message_count, "
+                "token_count, covered_seq, covered_tokens, parent_id, fork_seq) VALUES (1, :k, 1.0, 1.0, :n, :n, 0, "
+                "0, 0, :p, :f)"), {"k": key, "n": len(rows), "p": parent, "f": fork_seq})
+            sid = conn.execute(text("SELECT id FROM lcm_sessions WHERE session_key = :k"), {"k": key}).scalar_one()
+            previous = "" if parent is None else conn.execute(text(
+                "SELECT identity FROM lcm_messages WHERE session_id = :p AND seq = :f"),
+                {"p": parent, "f": fork_seq}).scalar_one()
+            for seq, m in enumerate(rows, start=1):
+                enc = encode_message(m)
+                previous = chain_identity(previous, v2_content_hash(m))
+                conn.execute(text(
+                    "INSERT INTO lcm_messages (session_id, agent_id, seq, identity, content_hash, role, content_kind, "
+                    "content, tool_calls, tool_call_id, search_text, token_count, ts) VALUES (:sid, 1, :seq, :i, :h, "
+                    ":role, :kind, :content, :calls, :tcid, :st, 1, 1.0)"),
+                    {"sid": sid, "seq": seq, "i": previous, "h": v2_content_hash(m), "role": enc.role,
+                     "kind": enc.content_kind, "content": enc.content, "calls": enc.tool_calls,
+                     "tcid": enc.tool_call_id, "st": index_body(enc.text)})
+        if conn.dialect.name == "postgresql":
+            from lcm.backends.postgres import PostgresBackend
+
+            PostgresBackend().rebuild_exact_vectors(conn)
+    engine.dispose()
+    migrations.upgrade(url, "head")
+    store = Store.open(db_url)
+    long, fork = store.sessions.find("a", "long"), store.sessions.find("a", "long/fork-1")
+    parent_rows = store.messages.get_range(long.id, limit=10_000)
+    for rows, previous in ((parent_rows, ""), (store.messages.get_range(fork.id), parent_rows[1_099].identity)):
+        for row in rows:
+            previous = message_identity(previous, content_hash(row.message), None)
+            assert row.identity == previous
+    assert [r.message for r in parent_rows] == history  # as first sent
+    assert append_messages(store, long.id, history).inserted == 0
+    respaced = [{**m, "tool_calls": [{**m["tool_calls"][0], "function": {"name": "f", "arguments": f'{{"n":{i}}}'}}]}
+                if m.get("tool_calls") else m for i, m in enumerate(history)]
+    assert append_messages(store, long.id, respaced).inserted == 0
+    plain = [{"role": "user", "content": "other way"}, message(1)]
+    assert append_messages(store, fork.id, plain, after_identity=parent_rows[1_099].identity).inserted == 0
+
+
 def test_empty_to_head_then_base_then_head(db_url):
     url = db.resolve_url(db_url)
     migrations.upgrade(url)
