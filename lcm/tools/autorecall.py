@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lcm.context.session import ContextSession
-from lcm.messages import RECALL_CLOSE, RECALL_HEADER, content_hash, content_text, message_text, strip_recall_blocks
+from lcm.messages import RECALL_CLOSE, RECALL_HEADER, content_hash, content_substance, content_text, message_text
 from lcm.records import MessageRecord
 from lcm.tools.retrieval import find
 
@@ -136,10 +136,10 @@ class _Held:
 
 
 def _key(message: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """The role and the text of a string content (None for any other content, and for no text,
-    which ``substance`` counts as no content)."""
-    content = message.get("content")
-    return message.get("role"), (strip_recall_blocks(content) or None) if isinstance(content, str) else None
+    """The role and the text of a content that is text (a string, or one plain text part: the
+    same message, see ``content_substance``); None for any other content and for no text."""
+    said = content_substance(message.get("content"))
+    return message.get("role"), said if isinstance(said, str) else None
 
 
 def _held(messages: Sequence[Mapping[str, Any]] | None) -> _Held | None:

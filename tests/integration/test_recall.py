@@ -155,6 +155,8 @@ def test_a_context_message_is_recognised_with_its_recall_block_and_not_by_its_te
     with_block = {"role": "user", "content": f"{FACT}\n\n{first}"}  # as the host sent it then
     held = engine.recall(asked, [*transcript, with_block])
     assert FACT not in held.text
+    as_part = {"role": "user", "content": [{"type": "text", "text": FACT, "cache_control": {"type": "ephemeral"}}]}
+    assert FACT not in engine.recall(asked, [*transcript, as_part]).text  # one text part: the same message
     other_role = {"role": "assistant", "content": FACT}
     assert FACT in engine.recall(asked, [*transcript, other_role]).text
 
