@@ -21,6 +21,9 @@ A proxy conversation without ``X-LCM-Session`` that opened with a one-text-part 
 by a new opening key from now on: a client continuing it across the upgrade continues in a new
 session (its history is stored there once; nothing is lost).
 
+Cost: most rows of an agent store are rewritten (every message after a session's first tool
+call): 2.5 s on SQLite and 14.0 s on PostgreSQL for the proxy benchmark's 100,000 messages.
+
 No schema change. Downgrading keeps the v3 values: v2 code reading them only risks the
 duplicates this revision exists to stop.
 
