@@ -216,14 +216,26 @@ def _part_substance(part: Any) -> Any:
     return part
 
 
-def without_part_hints(message: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The message without the provider hints on its content's parts (``PART_HINT_KEYS``); the
-    same object when it has none."""
+def has_hints(message: Mapping[str, Any]) -> bool:
+    """Whether the message carries provider hints (``PART_HINT_KEYS``) on itself or on a part of
+    its content (Hermes marks a message without text at its top level)."""
+    if not PART_HINT_KEYS.isdisjoint(message.keys()):
+        return True
     content = message.get("content")
-    if not isinstance(content, list) or all(
-            not isinstance(p, Mapping) or PART_HINT_KEYS.isdisjoint(p.keys()) for p in content):
+    return isinstance(content, list) and any(
+        isinstance(p, Mapping) and not PART_HINT_KEYS.isdisjoint(p.keys()) for p in content)
+
+
+def without_hints(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The message without provider hints (``PART_HINT_KEYS``), on itself or on its content's
+    parts; the same object when it has none."""
+    if not has_hints(message):
         return message
-    return {**message, "content": [_part_substance(p) for p in content]}
+    out = {k: v for k, v in message.items() if k not in PART_HINT_KEYS}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [_part_substance(p) for p in content]
+    return out
 
 
 def content_substance(content: Any) -> Any:

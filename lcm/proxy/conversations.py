@@ -35,7 +35,7 @@ from lcm.context.session import ContextSession
 from lcm.context.summarize import Route
 from lcm.context.summarize.routes import OpenAICompatibleRoute
 from lcm.errors import retry_dropped
-from lcm.messages import content_hash, without_part_hints
+from lcm.messages import content_hash, has_hints, without_hints
 from lcm.proxy.callers import Caller
 from lcm.proxy.windows import Windows
 from lcm.tokens import TokenCounter
@@ -230,27 +230,32 @@ class Conversations:
 
 def in_clients_form(out: list[dict[str, Any]], client: list[dict[str, Any]], *, start: int = 0) -> None:
     """Put each message of ``out`` from ``start`` (lcm's context: stored or held messages) in the
-    form the client sends it now, in place, where the forms can differ: a content of parts.
+    form the client sends it now, in place, where the forms can differ: a content of parts, a
+    provider hint on the message.
 
-    A client that uses prompt caching marks its newest messages' parts with ``cache_control``
-    and moves the marks on every request; lcm stores a message as first sent, marks included.
-    Sent back from the store, every message once marked would carry its mark again, and a
-    provider refuses more than a few (Anthropic: 4). So a message the client still sends goes
-    out as the client sends it now (found by substance, see ``lcm.messages.content_substance``)
-    and any other one without its parts' hints."""
+    A client that uses prompt caching marks its newest messages with ``cache_control`` (on a
+    part, or on a message without text) and moves the marks on every request; lcm stores a
+    message as first sent, marks included. Sent back from the store, every message once marked
+    would carry its mark again, and a provider refuses more than a few (Anthropic: 4). So a
+    message the client still sends goes out as the client sends it now (found by substance, see
+    ``lcm.messages.content_substance``) and any other one without its hints."""
     forms: dict[str, dict[str, Any]] | None = None
     theirs: set[int] = set()
+
+    def may_differ(message: Mapping[str, Any]) -> bool:
+        return isinstance(message.get("content"), list) or has_hints(message)
+
     for i in range(start, len(out)):
         message = out[i]
-        if not isinstance(message.get("content"), list):
+        if not may_differ(message):
             continue
         if forms is None:
-            listed = [m for m in client if isinstance(m.get("content"), list)]
+            listed = [m for m in client if may_differ(m)]
             forms, theirs = {content_hash(m): m for m in listed}, {id(m) for m in listed}
         if id(message) in theirs:  # the client's own object: already its form
             continue
         now = forms.get(content_hash(message))
-        out[i] = now if now is not None else dict(without_part_hints(message))
+        out[i] = now if now is not None else dict(without_hints(message))
 
 
 def with_block(message: Mapping[str, Any], block: str) -> dict[str, Any]:
