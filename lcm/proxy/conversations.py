@@ -70,6 +70,9 @@ class Conversation:
     answer: dict[str, Any] | None = None
     #: The last request's messages before and after their recall blocks were put on.
     sent: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    #: Whether this request re-sent the last one's messages re-encoded (the same messages in
+    #: another form: moved cache marks, see :meth:`Conversations._as_held`).
+    reencoded: bool = False
 
 
 class Conversations:
@@ -148,10 +151,20 @@ class Conversations:
         host extending what it was handed, so nothing is re-assembled or re-counted until a
         compaction is due, the upstream's prompt prefix stays byte for byte what it cached, and
         the work per request is bounded by the window, not by the history. Anything else (an
-        edited or shorter history) goes to the turn as sent: alignment finds the fork."""
+        edited or shorter history) goes to the turn as sent: alignment finds the fork.
+
+        A client that re-encodes what it re-sends (moves its prompt-cache marks, switches a
+        content between a string and one text part) sends the same messages in another form:
+        compared by substance where they differ, they still extend what was held, and the
+        upstream gets each in the client's current form (see :meth:`_with_recall`)."""
         seen, handed = conversation.client_seen, conversation.handed
-        if seen is None or handed is None or len(messages) < len(seen) or messages[:len(seen)] != seen:
+        conversation.reencoded = False
+        if seen is None or handed is None or len(messages) < len(seen):
             return messages
+        if messages[:len(seen)] != seen:
+            if not all(a == b or content_hash(a) == content_hash(b) for a, b in zip(messages[:len(seen)], seen, strict=True)):
+                return messages
+            conversation.reencoded = True
         new = messages[len(seen):]
         kept = conversation.answer
         if new and kept is not None and content_hash(new[0]) == content_hash(kept):
@@ -184,7 +197,9 @@ class Conversations:
         as they went out then, so a request costs what is new in it, not its whole history."""
         out = list(sendable)
         last_in, last_out = conversation.sent
-        same = same_objects_prefix(out, last_in)
+        # A client that re-encoded its history: every message in its form of now, each one's
+        # remembered recall block put back on below.
+        same = 0 if conversation.reencoded else same_objects_prefix(out, last_in)
         out[:same] = last_out[:same]
         in_clients_form(out, client, start=same)
         last_user = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
