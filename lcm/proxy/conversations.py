@@ -162,7 +162,8 @@ class Conversations:
         if seen is None or handed is None or len(messages) < len(seen):
             return messages
         if messages[:len(seen)] != seen:
-            if not all(a == b or content_hash(a) == content_hash(b) for a, b in zip(messages[:len(seen)], seen, strict=True)):
+            resent = messages[:len(seen)]
+            if not all(a == b or content_hash(a) == content_hash(b) for a, b in zip(resent, seen, strict=True)):
                 return messages
             conversation.reencoded = True
         new = messages[len(seen):]
