@@ -112,23 +112,41 @@ def _request(client: httpx.Client, base: str, history: list[dict[str, Any]], key
     return first if first is not None else (time.perf_counter() - started) * 1000
 
 
+def _cache_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as a prompt-caching client sends it (Cline, Roo Code, Hermes through a
+    gateway): ``cache_control`` on the system prompt and on the last two user messages, which
+    then go as one text part; the marks move on with every request."""
+    users = [i for i, m in enumerate(history) if m["role"] == "user"][-2:]
+    mark = {"cache_control": {"type": "ephemeral"}}
+    return [{**m, "content": [{"type": "text", "text": m["content"], **mark}]}
+            if i in users or m["role"] == "system" else m for i, m in enumerate(history)]
+
+
+#: A client that re-encodes what it re-sends, measured through the proxy without auto-recall.
+MARKING_CLIENT = "proxy, no auto-recall, moving cache marks"
+
+
 def _latency(targets: dict[str, str], runs: int, tag: str) -> dict[str, Any]:
     """Interleaved requests to every target; each target's conversation grows alike. ``tag``
     names this measurement's conversations: a conversation of an earlier measurement re-sent
-    under its old key would be a replay of what is stored (another path, see docs/proxy.md)."""
+    under its old key would be a replay of what is stored (another path, see docs/proxy.md).
+    The :data:`MARKING_CLIENT` target sends its history as :func:`_cache_marked` makes it."""
     clients = {name: httpx.Client(timeout=60) for name in targets}
     times: dict[str, dict[str, list[float]]] = {name: {"request": [], "first_chunk": []} for name in targets}
     histories = {name: _conversation(HISTORY_TURNS, "measured") for name in targets}
     extra = Corpus(seed=12)
     try:
+        def sent(name: str) -> list[dict[str, Any]]:
+            return _cache_marked(histories[name]) if name == MARKING_CLIENT else histories[name]
+
         for name, base in targets.items():  # warm-up: connections, the proxy's conversation and caches
-            _request(clients[name], base, histories[name], f"measured-{tag}-{name}", False)
+            _request(clients[name], base, sent(name), f"measured-{tag}-{name}", False)
             histories[name].append({"role": "assistant", "content": ANSWER})
         for i, turn in enumerate(extra.turns(runs, session="more")):
             stream = i % 2 == 1
             for name, base in targets.items():
                 histories[name] = [*histories[name], turn[0]]
-                ms = _request(clients[name], base, histories[name], f"measured-{tag}-{name}", stream)
+                ms = _request(clients[name], base, sent(name), f"measured-{tag}-{name}", stream)
                 times[name]["first_chunk" if stream else "request"].append(ms)
                 histories[name].append({"role": "assistant", "content": ANSWER})
     finally:
@@ -217,7 +235,8 @@ def run(backend: str, url: str, *, sizes: list[int], runs: int = 60, concurrency
             stored_so_far = size
             proxies = [_proxy(upstream.url, url, LCM_AUTO_RECALL="true"),
                        _proxy(upstream.url, url, LCM_AUTO_RECALL="false")]
-            targets = {"direct": upstream.url, "proxy": proxies[0].url, "proxy, no auto-recall": proxies[1].url}
+            targets = {"direct": upstream.url, "proxy": proxies[0].url, "proxy, no auto-recall": proxies[1].url,
+                       MARKING_CLIENT: proxies[1].url}
             measured = _latency(targets, runs, f"{size}")
             added = {name: {k: measured[name][k]["p50"] - measured["direct"][k]["p50"]
                             for k in ("request", "first_chunk")} for name in targets if name != "direct"}

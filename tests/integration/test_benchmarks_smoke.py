@@ -88,7 +88,8 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     for r in results["proxy"]:  # lcm proxy against the upstream direct: every target answered
         for size in r["sizes"]:
             # the [semantic] row: the dev install has the local model, and the smoke size is small
-            assert set(size["latency"]) == {"direct", "proxy", "proxy, no auto-recall", "proxy, [semantic]"}
+            assert set(size["latency"]) == {"direct", "proxy", "proxy, no auto-recall", "proxy, [semantic]",
+                                            "proxy, no auto-recall, moving cache marks"}
             assert all(t["request"]["p50"] > 0 and t["first_chunk"]["p50"] > 0 for t in size["latency"].values())
         assert [t["clients"] for t in r["throughput"]] == ([1, 2] if r["backend"] == "postgresql" else [])
         assert all(t["proxy"]["requests_per_s"] > 0 and t["proxy"]["errors"] == 0 for t in r["throughput"])
