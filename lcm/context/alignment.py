@@ -128,12 +128,17 @@ def _lineage(reader: AlignmentReads, session: SessionRecord, want: int, from_seq
     return lineage
 
 
-def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: Held | Covered | None = None) -> Plan:
+def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: Held | Covered | None = None, *,
+         whole: bool = False) -> Plan:
     """Where each of the transcript's messages (by ``keys``) is stored, and where the new ones go.
 
     ``proof``: what the host's transcript proves about where it is stored (the view it held, or
     lcm's summary at its head), followed when the store confirms it; else the transcript is
-    aligned by content."""
+    aligned by content. ``whole``: the transcript is the host's whole conversation from its
+    first message (a chat client behind lcm proxy), so one of which nothing is stored is not
+    the stored history's continuation but a conversation that opens differently (its first
+    message edited): see :func:`_plan_from_the_start`. Without it, such a transcript follows
+    the stored history (a host may hand over only what is new)."""
     session = reader.session(session_pk)
     n = len(keys)
     plan = Plan([None] * n, [None] * n, [], session, "", None, None)
@@ -161,6 +166,9 @@ def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: He
             lineage = _lineage(reader, session, n + WINDOW_SLACK, from_seq=seq)
             positions = lineage.positions()
             start = _alignment_start(keys, lineage.keys, positions)
+    if start is None and whole and keys:
+        _plan_from_the_start(reader, session, keys, plan)
+        return plan
     if start is None:  # nothing in the transcript is stored: it all follows the stored history
         plan.new_idx = list(range(n))
         return plan
@@ -169,6 +177,21 @@ def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: He
     _map_before_start(reader, session, keys, lineage, positions, first, plan)
     plan.new_idx = [i for i in range(n) if plan.mapped[i] is None]
     return plan
+
+
+def _plan_from_the_start(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], plan: Plan) -> None:
+    """A whole conversation of which nothing is stored in ``session``: it continues the fork of
+    ``session`` that opens with the same message (made by an earlier request), else it starts
+    one that shares nothing with it (``fork_seq`` 0)."""
+    for fork in reader.forks(session.id, 0):
+        head = reader.metas(fork.id, 1, 1)
+        if head and meta_key(head[0]) == keys[0]:
+            lineage = _lineage(reader, fork, len(keys) + WINDOW_SLACK, from_seq=1)
+            _follow(reader, keys, lineage, 0, 0, plan)
+            plan.new_idx = [i for i in range(len(keys)) if plan.mapped[i] is None]
+            return
+    plan.target, plan.fork_seq, plan.anchor, plan.end_store_id = session, 0, "", None
+    plan.new_idx = list(range(len(keys)))
 
 
 def _plan_after_held(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], held: Held,

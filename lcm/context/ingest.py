@@ -162,6 +162,8 @@ class Ingestor:
     covers: Callable[[Any], tuple[int, int] | None] = field(default=lambda m: None)
     #: Secrets out of messages before anything else sees them (``lcm.redact``; None: off).
     redact: Callable[[Sequence[Any]], list[Any]] | None = None
+    #: Every transcript is the host's whole conversation from its first message (``alignment.plan``).
+    whole: bool = False
     _cache: dict[int, HostView] = field(default_factory=dict)
     _bad: dict[int, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -268,11 +270,11 @@ class Ingestor:
         proof = (prior.proves(good) if prior is not None else None) or self._covered(messages, good)
         # A first plan from a plain read: its new messages are encoded outside the lock, the
         # expensive part of a write. The plan that counts is made again under the lock.
-        guess = plan_alignment(_Reader(self.store), session_pk, keys, proof)
+        guess = plan_alignment(_Reader(self.store), session_pk, keys, proof, whole=self.whole)
         prepared: dict[int, PreparedMessage] = dict(zip(
             guess.new_idx, prepare_messages([good[i] for i in guess.new_idx], self._counter(), recall), strict=True))
         with self.store.sessions.family(session_pk) as writer:
-            plan = plan_alignment(writer, session_pk, keys, proof)
+            plan = plan_alignment(writer, session_pk, keys, proof, whole=self.whole)
             missing = [i for i in plan.new_idx if i not in prepared]
             if missing:
                 prepared.update(zip(missing, prepare_messages([good[i] for i in missing], self._counter(), recall),
@@ -294,7 +296,11 @@ class Ingestor:
                 writer.add_skipped(target.id, len(unnoted))
                 target = writer.session(target.id)
         self._noted(target, unnoted)  # only once the count is committed
-        if forked:
+        if forked and plan.fork_seq == 0:
+            self._carry_into_fork(target)
+            log.info("lcm ingest: the conversation opens differently from session %s (its first message "
+                     "was edited); it continues in the fork %s", plan.target.session_key, target.session_key)
+        elif forked:
             self._carry_into_fork(target)
             log.warning("lcm ingest: the transcript diverged from session %s after its message %d "
                         "(another writer stored something else there); it continues in the fork %s",

@@ -98,6 +98,11 @@ class ContextSession(Turns):
         #: recall block's room), which then is not learned from the prompt sizes reported: a
         #: proxy's upstream reports the size of lcm's assembled prompt, not of what its client sent.
         self.fixed_overhead: int | None = None
+        #: Set by a host whose every transcript is its whole conversation from its first message
+        #: (lcm proxy: a chat client re-sends its history on every request): a transcript of
+        #: which nothing is stored then opens a fork that shares nothing (an edited first
+        #: message), instead of following the stored history (see ``alignment.plan``).
+        self.whole_transcripts = False
         self._store = store
         self._open_store = open_store
         self._summarizer = summarizer
@@ -214,7 +219,8 @@ class ContextSession(Turns):
             self._ingestor = Ingestor(self.store, self.tokens, own=skip,
                                       stands_for=self.own_messages.stands_for,
                                       covers=self.own_messages.covers,
-                                      redact=self.redactor.messages if self.redactor is not None else None)
+                                      redact=self.redactor.messages if self.redactor is not None else None,
+                                      whole=self.whole_transcripts)
         return self._ingestor
 
     @property

@@ -111,6 +111,7 @@ class Conversations:
     def _open_conversation(self, caller: Caller, model: str) -> Conversation:
         context = ContextSession(self.config, self.store, agent_id=caller.agent, model=model,
                                  context_length=self.windows.of(model))
+        context.whole_transcripts = True  # a chat client re-sends its conversation from the start
         conversation = Conversation(caller, context, model)
         if self.summarize_upstream:  # the request's model and key, when a summary is due
             def route(asked: str | None) -> Route:

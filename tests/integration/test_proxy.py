@@ -791,6 +791,38 @@ def test_a_client_that_moves_its_prompt_cache_marks_is_stored_once_and_its_marks
     assert assembled > 10
 
 
+def test_an_edited_first_message_opens_a_fork_that_shares_nothing_and_both_branches_go_on(store, upstream):
+    """A chat client re-sends its conversation from the start: one of which nothing is stored,
+    under the same session name, is the conversation with its first message edited. It goes to
+    a fork of the session that shares nothing with it (fork point 0), not after the stored
+    history; the next requests of either branch continue their own, after a proxy restart too."""
+    def ask(running: ProxyThread, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        answer = client_of(running, **{"X-LCM-Session": "edited"}).chat.completions.create(
+            model="gpt-4o", messages=history)
+        return [*history, {"role": "assistant", "content": answer.choices[0].message.content}]
+
+    running = ProxyThread(store, upstream.url)
+    try:
+        first = ask(running, [{"role": "user", "content": "plan a trip to Lisbon"}])
+        edited = ask(running, [{"role": "user", "content": "plan a trip to Porto"}])
+        edited = ask(running, [*edited, {"role": "user", "content": "three days"}])
+    finally:
+        running.close()
+    running = ProxyThread(store, upstream.url)  # restarted: nothing held in memory
+    try:
+        edited = ask(running, [*edited, {"role": "user", "content": "by train"}])
+        first = ask(running, [*first, {"role": "user", "content": "in May"}])
+    finally:
+        running.close()
+    root = store.sessions.find("default", "edited")
+    [fork] = store.sessions.forks(root.id)
+    assert fork.fork_seq == 0 and fork.parent_id == root.id
+    assert stored(store, "default", "edited") == first
+    assert stored(store, "default", fork.session_key) == edited
+    sent = [b["messages"] for b in chat_requests(upstream)]
+    assert sent[-2][:len(edited) - 1] == edited[:-1] and sent[-1][:len(first) - 1] == first[:-1]
+
+
 def test_a_client_that_serialises_tool_calls_again_stores_each_turn_once(store, upstream, proxy):
     """A client that keeps tool calls as parsed objects (LangChain, the Vercel AI SDK) sends the
     model's calls back with its own spacing and key order: the same calls, so the conversation

@@ -109,6 +109,40 @@ def test_a_client_that_re_encodes_its_history_every_request_stores_each_message_
     assert engine.store.sessions.forks(engine.session.id) == []
 
 
+def test_a_whole_transcript_of_which_nothing_is_stored_opens_a_fork_that_shares_nothing(store):
+    """``whole`` (lcm proxy): a transcript of which nothing is stored is the conversation with its
+    first message edited: a fork at 0, which the next transcript opening the same way continues.
+    Without ``whole`` it follows the stored history (a host may send only what is new)."""
+    session = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)
+    history = _msgs("old", 6)
+    Ingestor(store, whole=True).ingest(session.id, [SYSTEM, *history])
+    edited = _msgs("edited", 3)
+    Ingestor(store, whole=True).ingest(session.id, [SYSTEM, *edited])
+    [fork] = store.sessions.forks(session.id)
+    assert fork.fork_seq == 0 and _stored(store, fork.id) == edited
+    more = _msgs("edited", 5)  # the same opening, two more messages: the same fork goes on
+    result = Ingestor(store, whole=True).ingest(session.id, [SYSTEM, *more])
+    assert result.added == 2 and store.sessions.forks(session.id) == [store.sessions.get(fork.id)]
+    assert _stored(store, fork.id) == more and _stored(store, session.id) == history
+    other = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)
+    Ingestor(store).ingest(other.id, [SYSTEM, *history])
+    Ingestor(store).ingest(other.id, [SYSTEM, *edited])  # not whole: after the stored history
+    assert store.sessions.forks(other.id) == [] and _stored(store, other.id) == history + edited
+
+
+def test_a_whole_transcript_that_meets_the_store_is_aligned_as_always(store):
+    """A client that drops the oldest messages (a sliding window), or puts its own summary of
+    them first (aider), still meets the stored history: no fork, nothing stored twice."""
+    session = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)
+    history = _msgs("old", 40)
+    Ingestor(store, whole=True).ingest(session.id, [SYSTEM, *history])
+    Ingestor(store, whole=True).ingest(session.id, [SYSTEM, *history[30:], *_msgs("new", 2)])
+    summary = {"role": "user", "content": "I spoke to you previously about the old messages."}
+    Ingestor(store, whole=True).ingest(session.id, [SYSTEM, summary, *history[34:], *_msgs("new", 4)])
+    assert store.sessions.forks(session.id) == []
+    assert _stored(store, session.id) == history + _msgs("new", 2) + [summary] + _msgs("new", 4)[2:]
+
+
 #: The tests the collecting modules import (``from ... import *``): every behaviour, so none is
 #: forgotten on one side.
 __all__ = sorted(name for name in dir() if name.startswith("test_"))
