@@ -51,6 +51,10 @@ class Window:
     max_assembly_tokens: int = 0  # LCM_MAX_ASSEMBLY_TOKENS; 0: the context window
     context_length: int = 0
     threshold_tokens: int = 0
+    #: Tokens the next answer may take, which the window holds beside the prompt (lcm proxy: a
+    #: request's ``max_completion_tokens`` / ``max_tokens``): the prompt is capped at the rest,
+    #: at most half the window (a request asking for more gets half for its prompt).
+    reserved_output: int = 0
 
     @classmethod
     def from_config(cls, config: LcmConfig, context_length: int = 0) -> Window:
@@ -65,8 +69,13 @@ class Window:
 
     @property
     def assembly_cap(self) -> int:
-        """The hard cap on the assembled prompt (LCM_MAX_ASSEMBLY_TOKENS, else the window)."""
-        return self.max_assembly_tokens or self.context_length
+        """The hard cap on the assembled prompt (LCM_MAX_ASSEMBLY_TOKENS, else the window), less
+        the room the answer is to have (``reserved_output``)."""
+        cap = self.max_assembly_tokens or self.context_length
+        if self.reserved_output > 0 and self.context_length > 0:
+            room = self.context_length - min(self.reserved_output, self.context_length // 2)
+            cap = min(cap, room) if cap else room
+        return cap
 
     @property
     def trigger(self) -> float:

@@ -55,6 +55,7 @@ from lcm.proxy.wire import (
     error_body,
     json_bytes,
     parse_request,
+    requested_output,
     sse,
     sse_events,
 )
@@ -188,7 +189,7 @@ class _Proxy:
         try:
             conversation, sendable = await run_in_threadpool(
                 self.conversations.prepare, caller, client_messages, body["model"],
-                api_key_of(request.headers.get("authorization")), tools)
+                api_key_of(request.headers.get("authorization")), tools, max_output=requested_output(body))
         except DatabaseUnavailableError as exc:
             return _Json(error_body(f"lcm cannot store this conversation right now ({exc}); nothing "
                                     "was sent to the model: retry shortly", kind="server_error",

@@ -46,6 +46,8 @@ from lcm.transcript import same_objects_prefix
 MAX_OPEN = 1_024
 #: Recall blocks remembered per conversation (for the user messages still in its prompt).
 RECALLED_PER_CONVERSATION = 256
+#: The blank line ``with_block`` puts before a block (or the text part it takes), in tokens.
+BLOCK_SEPARATOR_TOKENS = 2
 PLATFORM = "proxy"
 
 
@@ -55,8 +57,8 @@ class Conversation:
     context: ContextSession
     model: str
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: content hash of a user message → the recall block it was sent with.
-    recalled: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    #: content hash of a user message → the recall block it was sent with, and its tokens.
+    recalled: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
     #: The current request's API key, for the summarizer's calls to the same upstream during
     #: it. Memory only, replaced by each request: never stored, never logged.
     api_key: str | None = None
@@ -70,6 +72,10 @@ class Conversation:
     answer: dict[str, Any] | None = None
     #: The last request's messages before and after their recall blocks were put on.
     sent: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    #: The tokens of the recall block on each message the last request sent (0: none). The
+    #: blocks go out again with their messages (the prompt cache), so they are part of the
+    #: prompt: the next request's budget counts them (``Conversations.prepare``).
+    block_tokens: list[int] = field(default_factory=list)
     #: Whether this request re-sent the last one's messages re-encoded (the same messages in
     #: another form: moved cache marks, see :meth:`Conversations._as_held`).
     reencoded: bool = False
@@ -122,16 +128,23 @@ class Conversations:
     # ------------------------------------------------------------------ a request
 
     def prepare(self, caller: Caller, messages: list[dict[str, Any]], model: str, api_key: str | None,
-                tools: list[dict[str, Any]] | None = None) -> tuple[Conversation, list[dict[str, Any]]]:
+                tools: list[dict[str, Any]] | None = None, *,
+                max_output: int = 0) -> tuple[Conversation, list[dict[str, Any]]]:
         """Store the caller's messages in its conversation; that conversation and what the
         upstream gets (see the module). ``tools``: what the upstream is offered (its size is
-        part of every prompt). One call, so a request costs one hop to a worker thread here."""
+        part of every prompt). ``max_output``: the tokens the request lets the answer take
+        (the window holds them beside the prompt). One call, so a request costs one hop to a
+        worker thread here."""
         conversation = self.get(caller, model)
-        overhead = self._tools_tokens(tools) + (self.config.auto_recall_max_tokens if self.auto_recall else 0)
         with conversation.lock:
+            # Around the messages: the tools, room for this request's recall block, and the
+            # blocks the messages held from the last request carry again.
+            overhead = (self._tools_tokens(tools) + (self.config.auto_recall_max_tokens if self.auto_recall else 0)
+                        + sum(conversation.block_tokens))
             conversation.api_key = api_key
             context = conversation.context
             context.fixed_overhead = overhead
+            context.window.reserved_output = max_output
             if model != conversation.model:
                 conversation.model = model
                 context.set_model(model, self.windows.of(model))
@@ -203,6 +216,7 @@ class Conversations:
         # remembered recall block put back on below.
         same = 0 if conversation.reencoded else same_objects_prefix(out, last_in)
         out[:same] = last_out[:same]
+        tokens = conversation.block_tokens[:same] + [0] * (len(out) - same)
         in_clients_form(out, client, start=same)
         last_user = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
         for i in range(same, len(out)):
@@ -210,18 +224,18 @@ class Conversations:
             if message.get("role") != "user":
                 continue
             digest = content_hash(message)
-            block = conversation.recalled.get(digest)
-            if block is None and i == last_user == len(out) - 1 and self.auto_recall:
+            kept = conversation.recalled.get(digest)
+            if kept is None and i == last_user == len(out) - 1 and self.auto_recall:
                 found = recall_block(conversation.context, message,
                                      max_tokens=self.config.auto_recall_max_tokens, context_messages=out)
                 conversation.context.last_recall = found.as_dict() | {"text": None}
-                block = found.text
-                conversation.recalled[digest] = block
+                kept = conversation.recalled[digest] = (found.text, found.tokens)
                 while len(conversation.recalled) > RECALLED_PER_CONVERSATION:
                     conversation.recalled.popitem(last=False)
-            if block:
-                out[i] = with_block(message, block)
-        conversation.sent = (sendable, out)
+            if kept is not None and kept[0]:
+                out[i] = with_block(message, kept[0])
+                tokens[i] = kept[1] + BLOCK_SEPARATOR_TOKENS
+        conversation.sent, conversation.block_tokens = (sendable, out), tokens
         return out
 
     def keep(self, conversation: Conversation, messages: list[dict[str, Any]], answer: dict[str, Any] | None,

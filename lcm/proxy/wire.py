@@ -81,6 +81,17 @@ def parse_request(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def requested_output(body: Mapping[str, Any]) -> int:
+    """The tokens the request lets the answer take (``max_completion_tokens``, else the older
+    ``max_tokens``), 0 when it sets none; the context window must hold them beside the prompt.
+    A value that is not a positive integer is the upstream's to refuse: 0 here."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
 def _check_content(message: Mapping[str, Any], role: str, i: int) -> None:
     """A message's content as the API takes it, so that lcm never stores what the provider
     refuses: a string, or an array of parts that each name their ``type`` (a text part with its

@@ -21,6 +21,7 @@ from lcm.store import Store
 from tests.support.llm_server import Reply, ScriptedLLM, completion, error, tool_call
 from tests.support.pg_cluster import free_port
 from tests.support.proxy_server import ProxyThread
+from tests.support.storing import append_messages
 
 SUMMARY_PROMPTS = ("You write the memory", "You maintain the long-term memory")
 
@@ -862,6 +863,51 @@ def test_a_client_that_serialises_tool_calls_again_stores_each_turn_once(store, 
     assert [(m["role"], m.get("content")) for m in rows] == [(m["role"], m.get("content")) for m in history[1:]]
     first_call = rows[1]["tool_calls"][0]["function"]["arguments"]
     assert first_call.startswith("{\n")  # stored as the model wrote it first
+
+
+def test_the_recall_blocks_sent_again_count_in_the_window(store, upstream):
+    """Every user message keeps the recall block it was first sent with (the prompt cache), so
+    the blocks are part of each later prompt: the budget counts them, and no upstream prompt
+    outgrows the window however many the context holds."""
+    window = 6_000
+    earlier = store.sessions.get_or_create("default", "earlier")
+    append_messages(store, earlier.id, [{"role": "user" if i % 2 == 0 else "assistant",
+                                         "content": FILLER.format(n=1_000 + i)} for i in range(40)])
+    running = ProxyThread(store, upstream.url, context_length=window, tools=False)
+    try:
+        client = client_of(running, **{"X-LCM-Session": "recalling"})
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You are a lab assistant."}]
+        for turn in range(40):
+            history.append({"role": "user", "content": FILLER.format(n=turn)})
+            answer = client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append({"role": "assistant", "content": answer.choices[0].message.content})
+    finally:
+        running.close()
+    chats = chat_requests(upstream)
+    with_blocks = [sum(RECALL_OPEN in json.dumps(m) for m in b["messages"]) for b in chats]
+    assert max(with_blocks) >= 3  # blocks went out again with their messages
+    sizes = [prompt_tokens(b) for b in chats]
+    assert max(sizes) <= window, f"a prompt of {max(sizes)} tokens"
+
+
+def test_the_window_holds_the_answer_the_client_asks_room_for(store, upstream):
+    """``max_completion_tokens`` (or ``max_tokens``) is room the window must keep beside the
+    prompt: on a 16k window asking for 6,000 tokens, no upstream prompt goes past 10,000."""
+    window, answer_room = 16_000, 6_000
+    running = ProxyThread(store, upstream.url, context_length=window)
+    try:
+        client = client_of(running, **{"X-LCM-Session": "roomy"})
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You are a lab assistant."}]
+        for turn in range(90):
+            history.append({"role": "user", "content": FILLER.format(n=turn)})
+            room = {"max_completion_tokens": answer_room} if turn % 2 else {"max_tokens": answer_room}
+            answer = client.chat.completions.create(model="gpt-4o", messages=history, **room)
+            history.append({"role": "assistant", "content": answer.choices[0].message.content})
+    finally:
+        running.close()
+    sizes = [prompt_tokens(b) for b in chat_requests(upstream)]
+    assert prompt_tokens({"messages": history}) > window  # the history alone does not fit
+    assert max(sizes) + answer_room <= window, f"a prompt of {max(sizes)} tokens left no room for the answer"
 
 
 @pytest.mark.slow
