@@ -48,6 +48,10 @@ MAX_OPEN = 1_024
 RECALLED_PER_CONVERSATION = 256
 #: The blank line ``with_block`` puts before a block (or the text part it takes), in tokens.
 BLOCK_SEPARATOR_TOKENS = 2
+#: A recall block takes at most 1/16 of the window (512 tokens of an 8k local model's; the
+#: full LCM_AUTO_RECALL_MAX_TOKENS from a 16k window up), and never less than this.
+RECALL_SHARE_OF_WINDOW = 16
+MIN_RECALL_ROOM = 128
 PLATFORM = "proxy"
 
 
@@ -139,7 +143,7 @@ class Conversations:
         with conversation.lock:
             # Around the messages: the tools, room for this request's recall block, and the
             # blocks the messages held from the last request carry again.
-            overhead = (self._tools_tokens(tools) + (self.config.auto_recall_max_tokens if self.auto_recall else 0)
+            overhead = (self._tools_tokens(tools) + (self._recall_room(conversation) if self.auto_recall else 0)
                         + sum(conversation.block_tokens))
             conversation.api_key = api_key
             context = conversation.context
@@ -186,6 +190,15 @@ class Conversations:
             new = [kept, *new[1:]]  # the stored answer itself: the ingest extends what it saw last
         return [*handed, *new]
 
+    def _recall_room(self, conversation: Conversation) -> int:
+        """A recall block's size at most: LCM_AUTO_RECALL_MAX_TOKENS, and no more than
+        ``RECALL_SHARE_OF_WINDOW`` of the model's window (every block is sent again with its
+        message: on a small local model's window, full-size blocks would crowd out the
+        conversation)."""
+        window = conversation.context.window.context_length
+        room = self.config.auto_recall_max_tokens
+        return min(room, max(MIN_RECALL_ROOM, window // RECALL_SHARE_OF_WINDOW)) if window else room
+
     def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
         """Tokens of the tools' definitions as the upstream gets them (remembered per set)."""
         if not tools:
@@ -227,7 +240,7 @@ class Conversations:
             kept = conversation.recalled.get(digest)
             if kept is None and i == last_user == len(out) - 1 and self.auto_recall:
                 found = recall_block(conversation.context, message,
-                                     max_tokens=self.config.auto_recall_max_tokens, context_messages=out)
+                                     max_tokens=self._recall_room(conversation), context_messages=out)
                 conversation.context.last_recall = found.as_dict() | {"text": None}
                 kept = conversation.recalled[digest] = (found.text, found.tokens)
                 while len(conversation.recalled) > RECALLED_PER_CONVERSATION:

@@ -888,6 +888,12 @@ def test_the_recall_blocks_sent_again_count_in_the_window(store, upstream):
     assert max(with_blocks) >= 3  # blocks went out again with their messages
     sizes = [prompt_tokens(b) for b in chats]
     assert max(sizes) <= window, f"a prompt of {max(sizes)} tokens"
+    # a block takes at most 1/16 of a small window (LCM_AUTO_RECALL_MAX_TOKENS is 1,000)
+    from lcm.tokens import TokenCounter
+
+    blocks = [m["content"].split("\n\n" + RECALL_OPEN, 1)[1] for b in chats for m in b["messages"]
+              if m["role"] == "user" and RECALL_OPEN in m["content"]]
+    assert max(TokenCounter().count_text(RECALL_OPEN + b) for b in blocks) <= window // 16
 
 
 def test_the_window_holds_the_answer_the_client_asks_room_for(store, upstream):
