@@ -11,6 +11,7 @@ definitions (not ``lcm.store.schema``, which follows the newest schema).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +30,19 @@ _messages = sa.table(
     sa.column("key_order"), sa.column("payload_id"), sa.column("search_text"))
 
 
+def _pages(conn: Connection, session_pk: int, *, after: int = 0, where: Any = None) -> Iterator[tuple[Any, Any]]:
+    """A session's messages after seq ``after`` (those ``where`` selects), in seq order, a page
+    of ``PAGE`` rows at a time, with the payloads they point at."""
+    while True:
+        query = sa.select(_messages).where(_messages.c.session_id == session_pk, _messages.c.seq > after)
+        rows = conn.execute((query if where is None else query.where(where))
+                            .order_by(_messages.c.seq).limit(PAGE)).all()
+        if not rows:
+            return
+        yield rows, load_payloads(conn, [r.payload_id for r in rows])
+        after = rows[-1].seq
+
+
 def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[str, int]:
     """Recompute every message's substance hash and chained identity (session by session, in
     seq order), and its search text where lcm's own recall traffic is now left out of the
@@ -41,14 +55,7 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
     for session_pk in sessions:
         previous = ""
         recall: frozenset[str] = frozenset()
-        after = 0
-        while True:
-            rows = conn.execute(sa.select(_messages).where(
-                _messages.c.session_id == session_pk, _messages.c.seq > after)
-                .order_by(_messages.c.seq).limit(PAGE)).all()
-            if not rows:
-                break
-            payloads = load_payloads(conn, [r.payload_id for r in rows])
+        for rows, payloads in _pages(conn, session_pk):
             messages = [rebuild_message(r, payloads) for r in rows]
             recall = recall | recall_calls(messages)
             for row, message in zip(rows, messages, strict=True):
@@ -65,7 +72,6 @@ def recompute_message_identities(conn: Connection, reindex: Any = None) -> dict[
                     changed_text.append(row.id)
                 if values:
                     conn.execute(sa.update(_messages).where(_messages.c.id == row.id).values(**values))
-            after = rows[-1].seq
     if changed_text and reindex is not None:
         reindex(conn, changed_text)
     return {"identities": changed_ids, "search_texts": len(changed_text)}
@@ -87,19 +93,11 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
                               .order_by(_messages.c.session_id)).scalars().all()
     first_changed: dict[int, int] = {}  # session -> the first seq whose hash changes
     for session_pk in candidates:
-        after = 0
-        while session_pk not in first_changed:
-            rows = conn.execute(sa.select(_messages).where(
-                _messages.c.session_id == session_pk, _messages.c.seq > after, may_change)
-                .order_by(_messages.c.seq).limit(PAGE)).all()
-            if not rows:
+        for rows, payloads in _pages(conn, session_pk, where=may_change):
+            changed = next((r.seq for r in rows if content_hash(rebuild_message(r, payloads)) != r.content_hash), None)
+            if changed is not None:
+                first_changed[session_pk] = changed
                 break
-            payloads = load_payloads(conn, [r.payload_id for r in rows])
-            for row in rows:
-                if content_hash(rebuild_message(row, payloads)) != row.content_hash:
-                    first_changed[session_pk] = row.seq
-                    break
-            after = rows[-1].seq
     if not first_changed:
         return {"sessions": 0, "hashes": 0, "identities": 0}
     # Forks chain their first message from their parent's message at the fork point: a fork
@@ -126,14 +124,7 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
                 .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
         else:
             previous = ""
-        after = start - 1
-        while True:
-            rows = conn.execute(sa.select(_messages).where(
-                _messages.c.session_id == session_pk, _messages.c.seq > after)
-                .order_by(_messages.c.seq).limit(PAGE)).all()
-            if not rows:
-                break
-            payloads = load_payloads(conn, [r.payload_id for r in rows])
+        for rows, payloads in _pages(conn, session_pk, after=start - 1):
             changes = []
             for row in rows:
                 message = rebuild_message(row, payloads)
@@ -145,7 +136,6 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
                     identities += identity != row.identity
             if changes:  # one statement per page, in seq order (every new identity is a fresh hash)
                 conn.execute(_REHASH, changes)
-            after = rows[-1].seq
     return {"sessions": len(first_changed), "hashes": hashes, "identities": identities}
 
 
