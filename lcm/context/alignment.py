@@ -167,6 +167,9 @@ def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: He
             positions = lineage.positions()
             start = _alignment_start(keys, lineage.keys, positions)
     if start is None and whole and keys:
+        root = _root_of(reader, session)
+        if root.id != session.id:  # a whole conversation is found from its family's root
+            return _plan_whole_from(reader, root, keys)
         _plan_from_the_start(reader, session, keys, plan)
         return plan
     if start is None:  # nothing in the transcript is stored: it all follows the stored history
@@ -177,6 +180,23 @@ def plan(reader: AlignmentReads, session_pk: int, keys: Sequence[str], proof: He
     _map_before_start(reader, session, keys, lineage, positions, first, plan)
     plan.new_idx = [i for i in range(n) if plan.mapped[i] is None]
     return plan
+
+
+def _plan_whole_from(reader: AlignmentReads, root: SessionRecord, keys: Sequence[str]) -> Plan:
+    """:func:`plan` of a whole conversation against its family's root: it may go on another
+    branch of the family than the session the host was last in (the original conversation
+    after an edit of its first message, or another edit)."""
+    return plan(reader, root.id, keys, None, whole=True)
+
+
+def _root_of(reader: AlignmentReads, session: SessionRecord) -> SessionRecord:
+    """The session ``session`` is a fork of, at any depth (itself when it is none)."""
+    current = session
+    for _ in range(MAX_FOLLOW):
+        if current.parent_id is None:
+            break
+        current = reader.session(current.parent_id)
+    return current
 
 
 def _plan_from_the_start(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], plan: Plan) -> None:
@@ -284,11 +304,16 @@ def _follow(reader: AlignmentReads, keys: Sequence[str], lineage: _Lineage, firs
         if i == n or p == len(stored):
             plan.target, plan.anchor, plan.end_store_id = owners[-1], metas[-1].identity, metas[-1].store_id
             return
-        # Diverged after stored position p - 1: continue a fork that starts the same way, or
-        # start one.
+        # Diverged after stored position p - 1: continue the line that goes on the same way
+        # (the owner's own, where the lineage had gone into a fork of it here; or a fork that
+        # starts the same way), or start a fork.
         owner, shared = owners[p - 1], metas[p - 1]
         follow = None
-        for fork in reader.forks(owner.id, shared.seq):
+        if owners[p].id != owner.id:  # a host back on the line it forked from (a branch switch)
+            own = reader.metas(owner.id, shared.seq + 1, min(owner.last_seq, shared.seq + n - i + 1))
+            if own and meta_key(own[0]) == keys[i]:
+                follow = (owner, own)
+        for fork in () if follow is not None else reader.forks(owner.id, shared.seq):
             head = reader.metas(fork.id, 1, min(fork.last_seq, n - i + 1))
             if head and meta_key(head[0]) == keys[i]:
                 follow = (fork, head)

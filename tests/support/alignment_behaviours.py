@@ -143,6 +143,33 @@ def test_a_whole_transcript_that_meets_the_store_is_aligned_as_always(store):
     assert _stored(store, session.id) == history + _msgs("new", 2) + [summary] + _msgs("new", 4)[2:]
 
 
+def test_a_host_back_on_the_branch_it_forked_from_continues_that_branch(store):
+    """A chat client that edits a message, then switches back to the original (ChatGPT's
+    branch arrows): the original continues in its own session, and no fork repeats its
+    messages. With ``whole`` the same holds for an edit of the first message."""
+    def msg(role: str, text: str) -> dict:
+        return {"role": role, "content": text}
+
+    for whole in (False, True):
+        root = store.sessions.get_or_create("agent-a", uuid.uuid4().hex)
+        ingest = Ingestor(store, whole=whole).ingest
+        original = [msg("user", "q1"), msg("assistant", "a1"), msg("user", "q2"), msg("assistant", "a2")]
+        at = ingest(root.id, [SYSTEM, *original]).session.id
+        at = ingest(at, [SYSTEM, *original[:2], msg("user", "q2 edited"), msg("assistant", "c2")]).session.id
+        assert at != root.id  # the edit went to a fork
+        more = [*original, msg("user", "q3"), msg("assistant", "a3")]
+        at = ingest(at, [SYSTEM, *more]).session.id
+        assert at == root.id and _stored(store, root.id) == more
+        if whole:
+            at = ingest(at, [SYSTEM, msg("user", "q1 edited"), msg("assistant", "b1")]).session.id
+            assert store.sessions.get(at).fork_seq == 0
+            at = ingest(at, [SYSTEM, *more, msg("user", "q4")]).session.id
+            assert at == root.id and _stored(store, root.id) == [*more, msg("user", "q4")]
+        forks = store.sessions.forks(root.id)
+        assert [len(_stored(store, f.id)) for f in forks] == ([2, 2] if whole else [2])
+        assert all(store.sessions.forks(f.id) == [] for f in forks)
+
+
 #: The tests the collecting modules import (``from ... import *``): every behaviour, so none is
 #: forgotten on one side.
 __all__ = sorted(name for name in dir() if name.startswith("test_"))
