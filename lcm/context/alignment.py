@@ -203,15 +203,26 @@ def _plan_from_the_start(reader: AlignmentReads, session: SessionRecord, keys: S
     """A whole conversation of which nothing is stored in ``session``: it continues the fork of
     ``session`` that opens with the same message (made by an earlier request), else it starts
     one that shares nothing with it (``fork_seq`` 0)."""
-    for fork in reader.forks(session.id, 0):
-        head = reader.metas(fork.id, 1, 1)
-        if head and meta_key(head[0]) == keys[0]:
-            lineage = _lineage(reader, fork, len(keys) + WINDOW_SLACK, from_seq=1)
-            _follow(reader, keys, lineage, 0, 0, plan)
-            plan.new_idx = [i for i in range(len(keys)) if plan.mapped[i] is None]
-            return
-    plan.target, plan.fork_seq, plan.anchor, plan.end_store_id = session, 0, "", None
-    plan.new_idx = list(range(len(keys)))
+    found = _fork_opening_with(reader, session, 0, keys[0], len(keys) + 1)
+    if found is None:
+        plan.target, plan.fork_seq, plan.anchor, plan.end_store_id = session, 0, "", None
+        plan.new_idx = list(range(len(keys)))
+        return
+    lineage = _Lineage()
+    lineage.extend_front(*found)
+    _follow(reader, keys, lineage, 0, 0, plan)
+    plan.new_idx = [i for i in range(len(keys)) if plan.mapped[i] is None]
+
+
+def _fork_opening_with(reader: AlignmentReads, owner: SessionRecord, seq: int, key: str,
+                       count: int) -> tuple[SessionRecord, list[MessageMeta]] | None:
+    """The fork of ``owner`` after its message ``seq`` whose first message has ``key``, with
+    its first ``count`` messages (None: no such fork)."""
+    for fork in reader.forks(owner.id, seq):
+        head = reader.metas(fork.id, 1, min(fork.last_seq, count))
+        if head and meta_key(head[0]) == key:
+            return fork, head
+    return None
 
 
 def _plan_after_held(reader: AlignmentReads, session: SessionRecord, keys: Sequence[str], held: Held,
@@ -313,11 +324,8 @@ def _follow(reader: AlignmentReads, keys: Sequence[str], lineage: _Lineage, firs
             own = reader.metas(owner.id, shared.seq + 1, min(owner.last_seq, shared.seq + n - i + 1))
             if own and meta_key(own[0]) == keys[i]:
                 follow = (owner, own)
-        for fork in () if follow is not None else reader.forks(owner.id, shared.seq):
-            head = reader.metas(fork.id, 1, min(fork.last_seq, n - i + 1))
-            if head and meta_key(head[0]) == keys[i]:
-                follow = (fork, head)
-                break
+        if follow is None:
+            follow = _fork_opening_with(reader, owner, shared.seq, keys[i], n - i + 1)
         if follow is None:
             plan.target, plan.fork_seq, plan.anchor, plan.end_store_id = owner, shared.seq, shared.identity, None
             return

@@ -296,12 +296,12 @@ class Ingestor:
                 writer.add_skipped(target.id, len(unnoted))
                 target = writer.session(target.id)
         self._noted(target, unnoted)  # only once the count is committed
-        if forked and plan.fork_seq == 0:
+        if forked:
             self._carry_into_fork(target)
+        if forked and plan.fork_seq == 0:
             log.info("lcm ingest: the conversation opens differently from session %s (its first message "
                      "was edited); it continues in the fork %s", plan.target.session_key, target.session_key)
         elif forked:
-            self._carry_into_fork(target)
             log.warning("lcm ingest: the transcript diverged from session %s after its message %d "
                         "(another writer stored something else there); it continues in the fork %s",
                         plan.target.session_key, plan.fork_seq, target.session_key)

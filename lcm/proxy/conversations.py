@@ -179,8 +179,8 @@ class Conversations:
         conversation.reencoded = False
         if seen is None or handed is None or len(messages) < len(seen):
             return messages
-        if messages[:len(seen)] != seen:
-            resent = messages[:len(seen)]
+        resent = messages[:len(seen)]
+        if resent != seen:
             if not all(a == b or content_hash(a) == content_hash(b) for a, b in zip(resent, seen, strict=True)):
                 return messages
             conversation.reencoded = True

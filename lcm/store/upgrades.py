@@ -108,20 +108,16 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
     for fork_pk, parent_pk, fork_seq in forks:
         changed_at = first_changed.get(parent_pk)
         if changed_at is not None and (fork_seq or 0) >= changed_at:
-            first_changed[fork_pk] = min(first_changed.get(fork_pk, 1), 1)
+            first_changed[fork_pk] = 1
     parents = {pk: (parent_pk, fork_seq) for pk, parent_pk, fork_seq in forks}
     hashes = identities = 0
     for session_pk in sorted(first_changed):
         start = first_changed[session_pk]
         if start > 1:
-            previous = conn.execute(sa.select(_messages.c.identity).where(
-                _messages.c.session_id == session_pk, _messages.c.seq < start)
-                .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
+            previous = _identity_through(conn, session_pk, start - 1)
         elif session_pk in parents:
             parent_pk, fork_seq = parents[session_pk]
-            previous = conn.execute(sa.select(_messages.c.identity).where(
-                _messages.c.session_id == parent_pk, _messages.c.seq <= (fork_seq or 0))
-                .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
+            previous = _identity_through(conn, parent_pk, fork_seq or 0)
         else:
             previous = ""
         for rows, payloads in _pages(conn, session_pk, after=start - 1):
@@ -137,6 +133,14 @@ def rehash_identity_v3(conn: Connection) -> dict[str, int]:
             if changes:  # one statement per page, in seq order (every new identity is a fresh hash)
                 conn.execute(_REHASH, changes)
     return {"sessions": len(first_changed), "hashes": hashes, "identities": identities}
+
+
+def _identity_through(conn: Connection, session_pk: int, seq: int) -> str:
+    """The identity of the session's last message at or before ``seq`` ("" for none): what the
+    chain after it continues from."""
+    return conn.execute(sa.select(_messages.c.identity).where(
+        _messages.c.session_id == session_pk, _messages.c.seq <= seq)
+        .order_by(_messages.c.seq.desc()).limit(1)).scalar() or ""
 
 
 _REHASH = sa.update(_messages).where(_messages.c.id == sa.bindparam("row_id")).values(
