@@ -220,6 +220,19 @@ class Backend(ABC):
         do not depend on each other. A backend may answer several in one statement."""
         return [self.search_messages(conn, spec) for spec in specs]
 
+    def newest_ids_many(self, conn: Connection, kind: str, specs: Sequence[SearchSpec]) -> list[list[int]]:
+        """The ids of each unranked search's newest ``spec.limit`` matches in ``kind``
+        (``messages`` or ``summaries``), newest first: the any-word part's word lookups, which
+        do not depend on each other. A backend may answer them in one statement."""
+        if kind == "messages":
+            return [[c.id for c in found] for found, _ in self.search_messages_many(conn, specs)]
+        return [[c.id for c in self.search_summaries(conn, s)[0]] for s in specs]
+
+    def term_rows_many(self, conn: Connection, spec: SearchSpec, kind: str,
+                       terms: Sequence[Term]) -> list[float | None]:
+        """:meth:`term_rows` of each term (a backend may answer them in one statement)."""
+        return [self.term_rows(conn, spec, kind, t) for t in terms]
+
     @abstractmethod
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         """About how many rows of the whole table (``messages`` or ``summaries``) contain

@@ -240,6 +240,13 @@ class SQLiteBackend(Backend):
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         return self._fts.term_rows(conn, spec, kind, term)
 
+    def term_rows_many(self, conn: Connection, spec: SearchSpec, kind: str,
+                       terms: Sequence[Term]) -> list[float | None]:
+        return list(self._fts.term_rows_many(conn, spec, kind, terms))
+
+    def newest_ids_many(self, conn: Connection, kind: str, specs: Sequence[SearchSpec]) -> list[list[int]]:
+        return self._fts.newest_ids_many(conn, kind, specs)
+
     def search_summaries(self, conn: Connection, spec: SearchSpec) -> tuple[list[Candidate], bool]:
         return self._fts.search(conn, spec, "summaries")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, text
 
@@ -59,25 +59,26 @@ def render_match(query: Query, scope: Sequence[str], roles: Sequence[str] = ()) 
     return expr
 
 
+class _Where(NamedTuple):
+    """Where a search reads (see ``Fts5Search._where``)."""
+
+    fts: str
+    match: str
+    first_id: int | None
+    last_id: int | None
+    alone: bool
+    scope_rows: int
+
+
 class Fts5Search:
     """Searches over the FTS5 indexes (no state: one per backend, like ``PgSearch``)."""
 
     def search(self, conn: Connection, spec: SearchSpec, kind: str) -> tuple[list[Candidate], bool]:
-        fts = (STEM_TABLES if spec.stemmed else FTS_TABLES)[kind]
-        want = spec.window if spec.ranked else spec.limit
-        extent = spec.remembered(("extent", kind, spec.agent_pk, spec.session_pk),
-                                 lambda: self._scope_extent(conn, kind, spec))
-        if extent is None:  # the scope holds no row
+        where = self._where(conn, spec, kind)
+        if where is None:  # the scope holds no row
             return [], False
-        first_id, last_id, scope_rows = extent
-        # A scope whose rows fill their id range (a store's only agent, a session written alone)
-        # is scoped by the range alone: FTS5 reads the words' postings, not their intersection
-        # with the scope's own list (a term in a 100k-message agent: 1.1 ms with it, 0.2 without).
-        # The session counters say so (messages only), and hits are read back within the scope.
-        alone = (kind == "messages" and first_id is not None and last_id is not None
-                 and last_id - first_id + 1 == scope_rows)
-        scope = [] if alone else [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
-        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
+        fts, match, first_id, last_id, alone, scope_rows = where
+        want = spec.window if spec.ranked else spec.limit
         # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
         # counts, before scoring anything, the rows of the whole index with each query word
         # and with the scope token, so a common word or a big scope costs their whole lists.
@@ -120,6 +121,74 @@ class Fts5Search:
         ids = [int(r[0]) for r in rows]
         scores = self._rank_window(conn, kind, spec.query, ids, idfs)
         return [Candidate(i, scores.get(i, 0.0)) for i in ids], clamped
+
+    def _where(self, conn: Connection, spec: SearchSpec, kind: str) -> _Where | None:
+        """Where ``spec`` searches: its index, MATCH expression and id range (None: its scope
+        holds no row)."""
+        fts = (STEM_TABLES if spec.stemmed else FTS_TABLES)[kind]
+        extent = spec.remembered(("extent", kind, spec.agent_pk, spec.session_pk),
+                                 lambda: self._scope_extent(conn, kind, spec))
+        if extent is None:
+            return None
+        first_id, last_id, scope_rows = extent
+        # A scope whose rows fill their id range (a store's only agent, a session written alone)
+        # is scoped by the range alone: FTS5 reads the words' postings, not their intersection
+        # with the scope's own list (a term in a 100k-message agent: 1.1 ms with it, 0.2 without).
+        # The session counters say so (messages only), and hits are read back within the scope.
+        alone = (kind == "messages" and first_id is not None and last_id is not None
+                 and last_id - first_id + 1 == scope_rows)
+        scope = [] if alone else [f"a{spec.agent_pk}"] if spec.session_pk is None else [f"s{spec.session_pk}"]
+        match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
+        return _Where(fts, match, first_id, last_id, alone, scope_rows)
+
+    def _newest(self, conn: Connection, spec: SearchSpec, kind: str, tag: str, params: dict[str, Any]) -> str | None:
+        """A SELECT of ``spec``'s newest ``spec.limit`` matches (``id``), its parameters added to
+        ``params`` under names ending in ``tag``; None when its scope holds no row."""
+        where = self._where(conn, spec, kind)
+        if where is None:
+            return None
+        params[f"m{tag}"], params[f"n{tag}"] = where.match, spec.limit
+        within = ""
+        if where.first_id is not None:
+            params[f"lo{tag}"], params[f"hi{tag}"] = where.first_id, where.last_id
+            within = f" AND rowid BETWEEN :lo{tag} AND :hi{tag}"
+        return (f"SELECT rowid AS id FROM {where.fts} WHERE {where.fts} MATCH :m{tag}{within} "
+                f"ORDER BY rowid DESC LIMIT :n{tag}")
+
+    def newest_ids_many(self, conn: Connection, kind: str, specs: Sequence[SearchSpec]) -> list[list[int]]:
+        """Each unranked search's newest ``spec.limit`` matches (ids, newest first), all in one
+        statement: an auto-recall's ~20 word lookups cost one call into SQLite, not 20."""
+        params: dict[str, Any] = {}
+        parts = []
+        out: list[list[int]] = [[] for _ in specs]
+        for i, spec in enumerate(specs):
+            if spec.ranked or spec.has_post_filters:  # not a plain lookup: on its own
+                out[i] = [c.id for c in self.search(conn, spec, kind)[0]]
+                continue
+            newest = self._newest(conn, spec, kind, str(i), params)
+            if newest is not None:
+                parts.append(f"SELECT {i}, id FROM ({newest})")
+        if parts:
+            for i, row_id in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
+                out[i].append(row_id)
+        return out
+
+    def term_rows_many(self, conn: Connection, spec: SearchSpec, kind: str, terms: Sequence[Term]) -> list[float]:
+        """:func:`_doc_freq` of each term, the walks not yet made in one statement."""
+        fts = FTS_TABLES[kind]
+        missing = [t for t in dict.fromkeys(terms) if ("doc_freq", kind, t) not in spec.scope_memo]
+        if len(missing) > 1:
+            params: dict[str, Any] = {"n": window_rank.DF_SAMPLE}
+            parts = []
+            for i, term in enumerate(missing):
+                params[f"m{i}"] = _fts5_term(term)
+                parts.append(f"SELECT {i}, count(*), min(id) FROM (SELECT rowid AS id FROM {fts} "
+                             f"WHERE {fts} MATCH :m{i} ORDER BY rowid DESC LIMIT :n)")
+            newest = spec.newest_id(conn, BASE_TABLES[kind])
+            for i, sampled, oldest in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
+                spec.scope_memo["doc_freq", kind, missing[i]] = window_rank.estimate_doc_freq(
+                    int(sampled), oldest, newest)
+        return [_doc_freq(conn, spec, kind, t) for t in terms]
 
     @staticmethod
     def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int | None, int | None, int] | None:

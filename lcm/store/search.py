@@ -14,9 +14,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Table, select
+from sqlalchemy import ColumnElement, Connection, Table, and_, select
 
-from lcm.backends import SearchSpec, window_rank
+from lcm.backends import Backend, SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
@@ -59,9 +59,6 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
 #: The backend's ``column IN (ids)`` (``Backend.ids_in``).
 IdsIn = Callable[[ColumnElement[Any], Sequence[int]], ColumnElement[bool]]
-#: Per kind: the backend's estimate of how many rows contain a term (None: unknown).
-_TermRows = Callable[[Connection, SearchSpec, Term], float | None]
-_Many = Callable[[Connection, Sequence[SearchSpec]], list[tuple[list[Candidate], bool]]]
 
 
 def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
@@ -109,6 +106,20 @@ def _summary_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -
             for c in chosen if (r := by_id.get(c.id)) is not None]
 
 
+#: Recall's neighbouring turns: each placed message (by id) with the messages just before and
+#: after it in its session (NULLs at either end), in one statement: one search of
+#: ``UNIQUE(session_id, seq)`` per side (an ``IN`` of both seqs made PostgreSQL AND two bitmaps
+#: of the whole session).
+_PLACED, _BEFORE, _AFTER = (messages_t.alias(name) for name in ("placed", "before", "after"))
+_ADJACENT = select(
+    _PLACED.c.id, sessions_t.c.session_key, *(side.c[col].label(f"{name}_{col}") for name, side in
+                                              (("before", _BEFORE), ("after", _AFTER))
+                                              for col in ("id", "session_id", "ts", "role")),
+).select_from(_PLACED.join(sessions_t, sessions_t.c.id == _PLACED.c.session_id).outerjoin(_BEFORE, and_(
+    _BEFORE.c.session_id == _PLACED.c.session_id, _BEFORE.c.seq == _PLACED.c.seq - 1)).outerjoin(_AFTER, and_(
+    _AFTER.c.session_id == _PLACED.c.session_id, _AFTER.c.seq == _PLACED.c.seq + 1)))
+
+
 class SearchRepository:
     """Search over messages and summaries (``store.search``)."""
 
@@ -134,19 +145,25 @@ class SearchRepository:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None or not store_ids:
                 return {}
-            placed = fetch_in(conn, store_ids, lambda chunk: select(
-                messages_t.c.id, messages_t.c.session_id, messages_t.c.seq).where(
-                self._core.backend.ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == agent_pk))
-            wanted = {(r.session_id, r.seq + step) for r in placed for step in (-1, 1) if r.seq + step >= 1}
-            around = self._core.backend.messages_at(conn, wanted)
-            at = {(r.session_id, r.seq): r.id for r in around}
-            # Exact-word snippets: a neighbour is returned for where it is, not for its words.
-            spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
-                              limit=len(at) or 1, snippets=snippets)
-            hits = {h.id: replace(h, match="neighbour")
-                    for h in self._message_hits(conn, spec, [Candidate(i, None) for i in at.values()])}
-        return {r.id: (hits.get(at.get((r.session_id, r.seq - 1), 0)), hits.get(at.get((r.session_id, r.seq + 1), 0)))
-                for r in placed}
+            ids_in = self._core.backend.ids_in
+            rows = fetch_in(conn, store_ids, lambda chunk: _ADJACENT.where(
+                ids_in(_PLACED.c.id, chunk), _PLACED.c.agent_id == agent_pk))
+            sides: dict[tuple[int, str], SearchHit] = {}
+            for r in rows:
+                m = r._mapping
+                for name in ("before", "after"):
+                    if m[f"{name}_id"] is not None:
+                        sides[r.id, name] = SearchHit(
+                            kind="message", id=m[f"{name}_id"], session_pk=m[f"{name}_session_id"],
+                            session_key=r.session_key, ts=m[f"{name}_ts"], role=m[f"{name}_role"], snippet="",
+                            match="neighbour")
+            if snippets:  # exact-word snippets: a neighbour is returned for where it is, not for its words
+                spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
+                                  limit=len(sides) or 1)
+                found = {h.id: replace(h, match="neighbour") for h in self._message_hits(
+                    conn, spec, [Candidate(h.id, None) for h in sides.values()])}
+                sides = {key: found[h.id] for key, h in sides.items() if h.id in found}
+        return {r.id: (sides.get((r.id, "before")), sides.get((r.id, "after"))) for r in rows}
 
     @lag_tolerant
     def similar_messages(self, query: str, vector: Matrix, *, model: str, agent: str,
@@ -212,11 +229,8 @@ class SearchRepository:
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
-                         self._message_hits, messages_t,
-                         lambda conn, spec, t: backend.term_rows(conn, spec, "messages", t),
-                         any_words, roles=tuple(roles), platform=platform,
-                         time_from=time_from, time_to=time_to, snippets=snippets,
-                         candidates_many=backend.search_messages_many, held_session=held_session,
+                         self._message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
+                         time_from=time_from, time_to=time_to, snippets=snippets, held_session=held_session,
                          every_word_first=every_word_first or not any_words)
 
     @lag_tolerant
@@ -226,14 +240,11 @@ class SearchRepository:
         """Full-text search over the agent's summary nodes (one session, or all when None)."""
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_summaries,
-                         _summary_hits, summaries_t,
-                         lambda conn, spec, t: backend.term_rows(conn, spec, "summaries", t),
-                         any_words, time_from=time_from, time_to=time_to)
+                         _summary_hits, summaries_t, any_words, time_from=time_from, time_to=time_to)
 
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-             hits_of: _Hits, table: Table, term_rows: _TermRows, with_any: bool, *,
-             candidates_many: _Many | None = None, held_session: int | None = None,
+             hits_of: _Hits, table: Table, with_any: bool, *, held_session: int | None = None,
              every_word_first: bool = True, **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
@@ -259,10 +270,10 @@ class SearchRepository:
             wider = any_words(spec.query) if with_any and len(chosen) < limit else None
             if wider is not None:
                 newest = spec.newest_id(conn, table.name)
-                many = candidates_many or (lambda conn, specs: [candidates_of(conn, s) for s in specs])
+                kind = "messages" if table is messages_t else "summaries"
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
-                                                    {c.id for c in chosen}, int(newest), candidates_of, many,
-                                                    hits_of, term_rows, self._core.backend.prepare_terms)
+                                                    {c.id for c in chosen}, int(newest), self._core.backend,
+                                                    kind, hits_of)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
@@ -270,9 +281,7 @@ class SearchRepository:
 
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
-                   candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
-                   candidates_many: _Many, hits_of: _Hits, term_rows: _TermRows,
-                   prepare: Callable[[Connection, Sequence[Term]], None]) -> tuple[list[SearchHit], bool]:
+                   backend: Backend, kind: str, hits_of: _Hits) -> tuple[list[SearchHit], bool]:
     """Rows with some of the query's content words that the all-words search did not return,
     best first whatever the sort (newest first would bury a question's answer under every
     recent row that shares one common word with it).
@@ -304,34 +313,31 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
         return replace(spec, query=Query(groups=tuple((t,) for t in group), negatives=spec.query.negatives),
                        ranked=False, limit=ANY_TERM_MATCHES, stemmed=stemmed)
 
-    def collect(group: tuple[Term, ...], stemmed: bool) -> bool:
-        """Looks ``group`` up and takes its rows; True when capped."""
-        return take(group, stemmed, candidates_of(conn, lookup(group, stemmed))[0])
+    def looked_up_at_once(groups: list[tuple[tuple[Term, ...], bool]]) -> list[bool]:
+        """Each group looked up (lookups independent of each other: at once) and its rows
+        taken; for each, whether it was capped."""
+        if not groups:
+            return []
+        found = backend.newest_ids_many(conn, kind, [lookup(group, stemmed) for group, stemmed in groups])
+        return [take(group, stemmed, ids) for (group, stemmed), ids in zip(groups, found, strict=True)]
 
-    def alone(words: list[Term], stemmed: bool) -> None:
-        """Each word looked up alone: lookups independent of each other, so at once."""
-        for term, (found, _) in zip(words, candidates_many(conn, [lookup((t,), stemmed) for t in words]),
-                                    strict=True):
-            take((term,), stemmed, found)
-
-    def take(group: tuple[Term, ...], stemmed: bool, found: list[Candidate]) -> bool:
-        """The rows of ``group``'s lookup noted for scoring; True when capped."""
+    def take(group: tuple[Term, ...], stemmed: bool, found: list[int]) -> bool:
+        """The rows of ``group``'s lookup (ids, newest first) noted for scoring; True when capped."""
         into = stems if stemmed else exact
         mask = sum(bits[t] for t in group)
         had = into.get
-        for c in found:
-            if c.id not in seen:
-                into[c.id] = had(c.id, 0) | mask
+        for row_id in found:
+            into[row_id] = had(row_id, 0) | mask
         capped = len(found) >= ANY_TERM_MATCHES
         if len(group) == 1:
-            oldest = min((c.id for c in found), default=None)
+            oldest = min(found, default=None)
             doc_freq = window_rank.estimate_doc_freq(len(found), oldest, newest_id) if capped else float(len(found))
             idfs[group[0], stemmed] = window_rank.idf(doc_freq, newest_id)
             if capped and not stemmed:
                 common.add(group[0])
         return capped
 
-    known = {t: term_rows(conn, spec, t) for t in terms}
+    known = dict(zip(terms, backend.term_rows_many(conn, spec, kind, terms), strict=True))
     for t, rows_with in known.items():
         if rows_with is not None and rows_with >= ANY_TERM_MATCHES:
             common.add(t)
@@ -339,16 +345,14 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
     if common and len(common) == len(terms):  # every word is common: still look up the rarest
         common.discard(min(terms, key=lambda t: known[t] or 0.0))
     looked_up = [t for t in terms if t not in common]
-    prepare(conn, looked_up)
-    alone(looked_up, stemmed=False)
+    backend.prepare_terms(conn, looked_up)
+    looked_up_at_once([((t,), False) for t in looked_up])
     # A word capped as written is common: its other forms are commoner still, little to gain.
-    alone([t for t in looked_up if t not in common], stemmed=True)
+    looked_up_at_once([((t,), True) for t in looked_up if t not in common])
     rarest = sorted(terms, key=lambda t: -idfs[t, False])[:ANY_PAIR_TERMS]
     clamped = len(rarest) < 2 and bool(common)  # one common word: only its newest rows were seen
-    for i, a in enumerate(rarest):
-        for b in rarest[i + 1:]:
-            if a in common or b in common:
-                clamped = collect((a, b), stemmed=False) or clamped
+    pairs = [(a, b) for i, a in enumerate(rarest) for b in rarest[i + 1:] if a in common or b in common]
+    clamped = any(looked_up_at_once([(pair, False) for pair in pairs])) or clamped
 
     as_written = [idfs[t, False] for t in terms]
     other_form = [STEM_WEIGHT * idfs.get((t, True), 0.0) for t in terms]
@@ -363,6 +367,6 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
                 other_form[i] for i in range(len(terms)) if formed >> i & 1)
         return value
 
-    best = heapq.nlargest(room, {*exact, *stems}, key=lambda r: (score(r), r))  # ties: newest first
+    best = heapq.nlargest(room, {*exact, *stems} - seen, key=lambda r: (score(r), r))  # ties: newest first
     chosen = [Candidate(row_id, round(score(row_id), 6)) for row_id in best]
     return [replace(h, match="any") for h in hits_of(conn, replace(spec, stemmed=True), chosen)], clamped

@@ -761,3 +761,37 @@ def test_the_any_word_search_alone_puts_a_row_with_every_word_first(store):
     assert [h.id for h in alone.hits][:2] == [ids[1], ids[0]]  # then the row with three of them
     assert ids[3] not in {h.id for h in alone.hits}
     assert all(h.session_pk == mine.id for h in alone.hits)
+
+
+def test_word_lookups_at_once_are_the_lookups_one_by_one(store):
+    """The any-word part's lookups go to the database together (``Backend.newest_ids_many``:
+    one statement on SQLite, the GIN branches of one on PostgreSQL): each answer must be what
+    that lookup alone returns, newest first and capped, in an agent's scope and in a session's,
+    exact and stemmed, for words common, rare, absent and negated, with another agent's rows
+    beside them."""
+    from lcm.backends import SearchSpec
+    from lcm.textindex import Query, parse_query
+
+    mine = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(2)]
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    words = ["otter", "otters", "kelp", "harbour", "tide", "moved", "moving"]
+    for n, session in enumerate([*mine, theirs]):
+        append_messages(store, session.id, [
+            {"role": "user", "content": " ".join(words[j] for j in range(len(words)) if (i + n) % (j + 1) == 0)}
+            for i in range(40)])
+    store.search.catch_up()  # what every search does first (SQLite indexes in batches)
+    backend = store.backend
+    terms = parse_query("otter kelp harbour tide move absentword").groups
+    with store.engine.connect() as conn:
+        agent_pk = conn.execute(text("SELECT id FROM lcm_agents WHERE name = 'agent-a'")).scalar_one()
+        for session_pk in (None, mine[1].id):
+            for stemmed in (False, True):
+                specs = [SearchSpec(query=Query(groups=(group,), negatives=negatives), agent_pk=agent_pk,
+                                    session_pk=session_pk, limit=limit, stemmed=stemmed)
+                         for group in terms for limit in (5, 1000)
+                         for negatives in ((), parse_query("tide").groups[0])]
+                together = backend.newest_ids_many(conn, "messages", specs)
+                alone = [[c.id for c in backend.search_messages(conn, s)[0]] for s in specs]
+                assert together == alone
+                assert any(len(ids) == 5 for ids in together) and any(len(ids) > 5 for ids in together)
+                assert all(ids == sorted(ids, reverse=True) for ids in together)
