@@ -102,7 +102,7 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     if ranked and not filtered:
         adjacent = store.search.adjacent_messages(query, [h.id for h in message_hits if h.match == "any"],
                                                   agent=agent, snippets=snippets)
-        message_hits = spread_to_neighbours(message_hits, adjacent, session_pk)[:depth]
+        message_hits = spread_to_neighbours(message_hits, adjacent, session_pk, depth)
     summary_hits = current_summary_hits(context, query, rank_sort, depth) if with_summaries else []
     words = merge_hits(message_hits, summary_hits, rank_sort, depth)
     found = Found(hits=words[:limit], mode="full_text", clamped=lexical.candidates_clamped,
@@ -151,12 +151,13 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
 
 
 def spread_to_neighbours(hits: list[SearchHit], adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]],
-                         session_pk: int | None) -> list[SearchHit]:
+                         session_pk: int | None, limit: int) -> list[SearchHit]:
     """Ranked message hits with the hits of some content words (``match="any"``) re-scored by
     their neighbours: each adds ``NEIGHBOUR_SHARE`` of its score to the message before and the
     one after it in its session, which join the list (``match="neighbour"``) when they were not
     hits themselves (within ``session_pk`` when the search had one). Hits with every query word
-    stay first, in their order: they matched the whole query."""
+    stay first, in their order: they matched the whole query. The first ``limit`` of that list
+    (only they are re-made with their new score: ~90 candidates an auto-recall, ~30 kept)."""
     every = [h for h in hits if h.match == "all"]
     some = [h for h in hits if h.match == "any"]
     rest = [h for h in hits if h.match not in ("all", "any")]
@@ -169,8 +170,8 @@ def spread_to_neighbours(hits: list[SearchHit], adjacent: dict[int, tuple[Search
                 continue
             scores[side.id] = scores.get(side.id, 0.0) + NEIGHBOUR_SHARE * (h.score or 0.0)
             best.setdefault(side.id, side)
-    order = sorted(scores, key=lambda i: (-scores[i], -i))
-    return every + [replace(best[i], score=round(scores[i], 6)) for i in order] + rest
+    order = sorted(scores, key=lambda i: (-scores[i], -i))[:max(0, limit - len(every))]
+    return (every + [replace(best[i], score=round(scores[i], 6)) for i in order] + rest)[:limit]
 
 
 def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: SortMode,
