@@ -300,11 +300,12 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
     bounded sample) is not looked up alone at all: its rows are reached through its pairs.
     """
     terms = spec.query.groups[0]
-    # A row's terms are a bit mask (a bit per term, in the query's order): about 10,000 rows
-    # per auto-recall at 100k messages, where sets of terms cost a third of the search.
+    # What a row has is one bit mask: a bit per term as written (in the query's order), then a
+    # bit per term in some form (stemmed). About 2,000 rows per auto-recall at 100k messages,
+    # where sets of terms cost a third of the search.
     bits = {t: 1 << i for i, t in enumerate(terms)}
-    exact: dict[int, int] = {}  # row id -> the terms it has as written
-    stems: dict[int, int] = {}  # row id -> the terms it has in some form
+    formed_shift = len(terms)
+    has: dict[int, int] = {}  # row id -> its mask
     idfs: dict[tuple[Term, bool], float] = {}
     common: set[Term] = set()
 
@@ -323,11 +324,10 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
 
     def take(group: tuple[Term, ...], stemmed: bool, found: list[int]) -> bool:
         """The rows of ``group``'s lookup (ids, newest first) noted for scoring; True when capped."""
-        into = stems if stemmed else exact
-        mask = sum(bits[t] for t in group)
-        had = into.get
+        mask = sum(bits[t] for t in group) << (formed_shift if stemmed else 0)
+        had = has.get
         for row_id in found:
-            into[row_id] = had(row_id, 0) | mask
+            has[row_id] = had(row_id, 0) | mask
         capped = len(found) >= ANY_TERM_MATCHES
         if len(group) == 1:
             oldest = min(found, default=None)
@@ -356,17 +356,26 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
 
     as_written = [idfs[t, False] for t in terms]
     other_form = [STEM_WEIGHT * idfs.get((t, True), 0.0) for t in terms]
-    by_masks: dict[tuple[int, int], float] = {}  # few distinct pairs of masks: each summed once
 
-    def score(row_id: int) -> float:
-        key = (exact.get(row_id, 0), stems.get(row_id, 0))
-        value = by_masks.get(key)
-        if value is None:
-            written, formed = key[0], key[1] & ~key[0]
-            value = by_masks[key] = sum(as_written[i] for i in range(len(terms)) if written >> i & 1) + sum(
-                other_form[i] for i in range(len(terms)) if formed >> i & 1)
-        return value
+    def score(mask: int) -> float:
+        written = mask & ((1 << formed_shift) - 1)
+        formed = (mask >> formed_shift) & ~written
+        return sum(as_written[i] for i in range(len(terms)) if written >> i & 1) + sum(
+            other_form[i] for i in range(len(terms)) if formed >> i & 1)
 
-    best = heapq.nlargest(room, {*exact, *stems} - seen, key=lambda r: (score(r), r))  # ties: newest first
-    chosen = [Candidate(row_id, round(score(row_id), 6)) for row_id in best]
+    # Rows grouped by mask (few distinct ones), each mask scored once; the best rows taken from
+    # the best scores down, newest first within a score.
+    by_mask: dict[int, list[int]] = {}
+    for row_id, mask in has.items():
+        if row_id not in seen:
+            by_mask.setdefault(mask, []).append(row_id)
+    by_score: dict[float, list[int]] = {}
+    for mask, ids in by_mask.items():
+        by_score.setdefault(score(mask), []).extend(ids)
+    chosen: list[Candidate] = []
+    for value in sorted(by_score, reverse=True):
+        rounded = round(value, 6)
+        chosen += [Candidate(row_id, rounded) for row_id in heapq.nlargest(room - len(chosen), by_score[value])]
+        if len(chosen) >= room:
+            break
     return [replace(h, match="any") for h in hits_of(conn, replace(spec, stemmed=True), chosen)], clamped
