@@ -269,6 +269,10 @@ class Backend(ABC):
     defer_token_counts: bool = False
     #: Whether messages wait for :meth:`catch_up_index` to become searchable.
     indexes_in_batches: bool = False
+    #: Whether a message waiting for :meth:`catch_up_index` is still found by its exact words
+    #: (PostgreSQL: only its stems wait), so a search in a hurry may leave a few to the
+    #: background catch-up (``StoreCore.catch_up_index``'s ``tolerate``).
+    pending_still_found: bool = False
     #: Whether a background thread should run :meth:`catch_up_index` after writes
     #: (``lcm.store.catchup``): where a catch-up on another connection runs beside the
     #: writes (PostgreSQL), not where it would wait for the writer's lock (SQLite).

@@ -273,6 +273,7 @@ class PostgresBackend(Backend):
     #: vector is written with the row): the store runs it in the background and before searches.
     indexes_in_batches = True
     index_in_background = True
+    pending_still_found = True
 
     def unindexed_note(self, count: int) -> str:
         return (f"the newest {count} message{'s' if count != 1 else ''} stored since the stemmed index last "

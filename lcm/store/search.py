@@ -34,6 +34,12 @@ MAX_SEARCH_LIMIT = 200
 #: the rarest words whose pairs it searches (see ``_any_word_hits``).
 ANY_TERM_MATCHES = 1000
 ANY_PAIR_TERMS = 6
+#: Messages waiting for their stems that a search holding its session (auto-recall) leaves to
+#: the background catch-up on PostgreSQL, where they are still found by their exact words
+#: (``StoreCore.catch_up_index``): what other conversations stored in the last moment. More
+#: than that is a backlog (a bulk import, a conversation replayed faster than the stemmer), and
+#: is caught up first.
+FRESH_PENDING_TOLERATED = 64
 #: What a word counts when a row has it only in another form ("moved" for "move").
 STEM_WEIGHT = 0.5
 #: Reciprocal-rank fusion constant of the hybrid sort.
@@ -220,8 +226,9 @@ class SearchRepository:
         ``held_session``: a session whose raw region (past its coverage) the caller holds in
         its context and leaves out of what it takes (auto-recall): on PostgreSQL, where a
         message waiting for its stems is found by its exact words, the search does not stop to
-        stem that region's messages (a write of 1-3 ms); the background catch-up stems them
-        within about a second (``StoreCore.catch_up_index``).
+        stem that region's messages (a write of 1-3 ms), nor up to ``FRESH_PENDING_TOLERATED``
+        that other conversations have just stored; the background catch-up stems them within
+        about a second (``StoreCore.catch_up_index``).
         ``every_word_first`` False (with ``any_words``): only the any-word part, every hit
         ``match="any"``. A row with every word still comes first there (it scores each word's
         IDF), by that score rather than BM25; what is skipped is a search that, for a question
@@ -249,7 +256,8 @@ class SearchRepository:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
-        unindexed = self._core.catch_up_index(except_session=held_session)
+        unindexed = self._core.catch_up_index(except_session=held_session,
+                                              tolerate=FRESH_PENDING_TOLERATED if held_session is not None else 0)
         note = self._core.backend.unindexed_note(unindexed) if unindexed else ""
         notes = (note,) if note else ()
         with self._core.read() as conn:
