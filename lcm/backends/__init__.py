@@ -246,8 +246,7 @@ class Backend(ABC):
 
     def messages_at(self, conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
         """``(id, session_id, seq, ts)`` of the messages at ``places`` (session id, seq), those
-        that exist, in no particular order (recall's neighbouring turns, the explorer's last
-        message per session)."""
+        that exist, in no particular order (the explorer's last message per session)."""
         unique = list(dict.fromkeys(places))
         rows: list[Any] = []
         for i in range(0, len(unique), PLACES_PER_STATEMENT):
