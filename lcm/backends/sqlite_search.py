@@ -25,17 +25,25 @@ BASE_TABLES = {"messages": "lcm_messages", "summaries": "lcm_summaries"}
 EXTENT_SESSIONS = 256
 
 
-def _doc_freq(conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float:
-    """The term's document frequency in ``kind``'s index, estimated from its newest matches (a
+def _doc_freqs(conn: Connection, spec: SearchSpec, kind: str, terms: Sequence[Term]) -> list[float]:
+    """Each term's document frequency in ``kind``'s index, estimated from its newest matches (a
     walk of at most ``window_rank.DF_SAMPLE`` postings, see ``window_rank.estimate_doc_freq``);
-    once per search (the ranked all-words search and its any-word part ask for the same words)."""
-    def walk() -> float:
+    once per search (the ranked all-words search and its any-word part ask for the same words),
+    the walks not yet made in one statement."""
+    missing = [t for t in dict.fromkeys(terms) if ("doc_freq", kind, t) not in spec.scope_memo]
+    if missing:
         fts = FTS_TABLES[kind]
-        sampled, oldest = driver_execute(
-            conn, f"SELECT count(*), min(id) FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m "
-            "ORDER BY rowid DESC LIMIT :n)", {"m": _fts5_term(term), "n": window_rank.DF_SAMPLE}).fetchone()
-        return window_rank.estimate_doc_freq(int(sampled), oldest, spec.newest_id(conn, BASE_TABLES[kind]))
-    return float(spec.remembered(("doc_freq", kind, term), walk))
+        params: dict[str, Any] = {"n": window_rank.DF_SAMPLE}
+        parts = []
+        for i, term in enumerate(missing):
+            params[f"m{i}"] = _fts5_term(term)
+            parts.append(f"SELECT {i}, count(*), min(id) FROM (SELECT rowid AS id FROM {fts} "
+                         f"WHERE {fts} MATCH :m{i} ORDER BY rowid DESC LIMIT :n)")
+        newest = spec.newest_id(conn, BASE_TABLES[kind])
+        for i, sampled, oldest in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
+            spec.scope_memo["doc_freq", kind, missing[i]] = window_rank.estimate_doc_freq(
+                int(sampled), oldest, newest)
+    return [float(spec.scope_memo["doc_freq", kind, t]) for t in terms]
 
 
 def _fts5_term(term: Term) -> str:
@@ -69,6 +77,15 @@ class _Where(NamedTuple):
     alone: bool
     scope_rows: int
 
+    def within(self, tag: str = "") -> tuple[str, dict[str, Any]]:
+        """The WHERE condition (the MATCH, and the id range when there is one) and its
+        parameters, named with ``tag`` so that several can share a statement."""
+        params: dict[str, Any] = {f"match{tag}": self.match}
+        if self.first_id is None:
+            return f"{self.fts} MATCH :match{tag}", params
+        params[f"lo{tag}"], params[f"hi{tag}"] = self.first_id, self.last_id
+        return f"{self.fts} MATCH :match{tag} AND rowid BETWEEN :lo{tag} AND :hi{tag}", params
+
 
 class Fts5Search:
     """Searches over the FTS5 indexes (no state: one per backend, like ``PgSearch``)."""
@@ -77,7 +94,7 @@ class Fts5Search:
         where = self._where(conn, spec, kind)
         if where is None:  # the scope holds no row
             return [], False
-        fts, match, first_id, last_id, alone, scope_rows = where
+        fts, alone, scope_rows = where.fts, where.alone, where.scope_rows
         want = spec.window if spec.ranked else spec.limit
         # Ranking: FTS5's bm25() unless that reads long posting lists (see window_rank): it
         # counts, before scoring anything, the rows of the whole index with each query word
@@ -89,9 +106,9 @@ class Fts5Search:
         # The scope's id range: FTS5 seeks its posting lists to it, so the query words' matches
         # elsewhere in the store are skipped, not read (its own rows are the only ones in it
         # that also carry its scope token).
-        params: dict[str, Any] = {"match": match, "want": want, "lo": first_id, "hi": last_id}
-        within = f"{fts} MATCH :match" + (" AND rowid BETWEEN :lo AND :hi" if first_id is not None else "")
-        if not spec.has_post_filters:  # the hot path (auto-recall: ~20 a search), on the driver
+        within, params = where.within()
+        params["want"] = want
+        if not spec.has_post_filters:  # the hot path (lcm_grep; auto-recall's lookups: newest_ids_many)
             sql = f"SELECT rowid, {score} FROM {fts} WHERE {within} ORDER BY rowid DESC LIMIT :want"
             rows = driver_execute(conn, sql, params).fetchall()
             clamped = spec.ranked and len(rows) >= want
@@ -147,13 +164,10 @@ class Fts5Search:
         where = self._where(conn, spec, kind)
         if where is None:
             return None
-        params[f"m{tag}"], params[f"n{tag}"] = where.match, spec.limit
-        within = ""
-        if where.first_id is not None:
-            params[f"lo{tag}"], params[f"hi{tag}"] = where.first_id, where.last_id
-            within = f" AND rowid BETWEEN :lo{tag} AND :hi{tag}"
-        return (f"SELECT rowid AS id FROM {where.fts} WHERE {where.fts} MATCH :m{tag}{within} "
-                f"ORDER BY rowid DESC LIMIT :n{tag}")
+        within, own = where.within(tag)
+        params.update(own)
+        params[f"n{tag}"] = spec.limit
+        return f"SELECT rowid AS id FROM {where.fts} WHERE {within} ORDER BY rowid DESC LIMIT :n{tag}"
 
     def newest_ids_many(self, conn: Connection, kind: str, specs: Sequence[SearchSpec]) -> list[list[int]]:
         """Each unranked search's newest ``spec.limit`` matches (ids, newest first), all in one
@@ -174,21 +188,8 @@ class Fts5Search:
         return out
 
     def term_rows_many(self, conn: Connection, spec: SearchSpec, kind: str, terms: Sequence[Term]) -> list[float]:
-        """:func:`_doc_freq` of each term, the walks not yet made in one statement."""
-        fts = FTS_TABLES[kind]
-        missing = [t for t in dict.fromkeys(terms) if ("doc_freq", kind, t) not in spec.scope_memo]
-        if len(missing) > 1:
-            params: dict[str, Any] = {"n": window_rank.DF_SAMPLE}
-            parts = []
-            for i, term in enumerate(missing):
-                params[f"m{i}"] = _fts5_term(term)
-                parts.append(f"SELECT {i}, count(*), min(id) FROM (SELECT rowid AS id FROM {fts} "
-                             f"WHERE {fts} MATCH :m{i} ORDER BY rowid DESC LIMIT :n)")
-            newest = spec.newest_id(conn, BASE_TABLES[kind])
-            for i, sampled, oldest in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
-                spec.scope_memo["doc_freq", kind, missing[i]] = window_rank.estimate_doc_freq(
-                    int(sampled), oldest, newest)
-        return [_doc_freq(conn, spec, kind, t) for t in terms]
+        """:func:`_doc_freqs`: the walks not yet made in one statement."""
+        return _doc_freqs(conn, spec, kind, terms)
 
     @staticmethod
     def _scope_extent(conn: Connection, kind: str, spec: SearchSpec) -> tuple[int | None, int | None, int] | None:
@@ -228,12 +229,10 @@ class Fts5Search:
         (``window_rank.estimate_doc_freq``); those document frequencies added up (the postings
         bm25() would read), and the largest one's share of all rows."""
         newest = spec.newest_id(conn, BASE_TABLES[kind])
+        terms = list(dict.fromkeys(spec.query.positive_terms()))
         idfs: dict[Term, float] = {}
         widest = total = 0.0
-        for term in spec.query.positive_terms():
-            if term in idfs:
-                continue
-            doc_freq = _doc_freq(conn, spec, kind, term)
+        for term, doc_freq in zip(terms, _doc_freqs(conn, spec, kind, terms), strict=True):
             idfs[term] = window_rank.idf(doc_freq, newest)
             widest, total = max(widest, doc_freq), total + doc_freq
         return idfs, total, widest / max(newest, 1)
@@ -252,4 +251,4 @@ class Fts5Search:
 
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         """From the term's newest matches (a bounded FTS5 walk, ``window_rank.estimate_doc_freq``)."""
-        return _doc_freq(conn, spec, kind, term)
+        return _doc_freqs(conn, spec, kind, [term])[0]
