@@ -338,8 +338,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
             has[row_id] = had(row_id, 0) | mask
         capped = len(found) >= ANY_TERM_MATCHES
         if len(group) == 1:
-            oldest = min(found, default=None)
-            doc_freq = window_rank.estimate_doc_freq(len(found), oldest, newest_id) if capped else float(len(found))
+            doc_freq = window_rank.estimate_doc_freq(len(found), min(found), newest_id) if capped else float(len(found))
             idfs[group[0], stemmed] = window_rank.idf(doc_freq, newest_id)
             if capped and not stemmed:
                 common.add(group[0])
