@@ -119,7 +119,8 @@ class SearchPort(Protocol):
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
                  any_words: bool = False, snippets: bool = True,
-                 held_session: int | None = None, every_word_first: bool = True) -> SearchResult: ...
+                 held_session: int | None = None, every_word_first: bool = True,
+                 term_matches: int | None = None) -> SearchResult: ...
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
                   limit: int = 10, time_from: float | None = None,
                   time_to: float | None = None, any_words: bool = False) -> SearchResult: ...

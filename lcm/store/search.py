@@ -214,7 +214,7 @@ class SearchRepository:
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
                  any_words: bool = False, snippets: bool = True, held_session: int | None = None,
-                 every_word_first: bool = True) -> SearchResult:
+                 every_word_first: bool = True, term_matches: int | None = None) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
@@ -233,12 +233,16 @@ class SearchRepository:
         ``match="any"``. A row with every word still comes first there (it scores each word's
         IDF), by that score rather than BM25; what is skipped is a search that, for a question
         the caller has just stored (auto-recall), always finds at least the question itself.
+        ``term_matches``: the newest matches the any-word part reads of each word and pair
+        (None: ``ANY_TERM_MATCHES``; auto-recall reads fewer, see ``lcm.tools.autorecall``).
         """
         backend = self._core.backend
         return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
                          self._message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
                          time_from=time_from, time_to=time_to, snippets=snippets, held_session=held_session,
-                         every_word_first=every_word_first or not any_words)
+                         every_word_first=every_word_first or not any_words,
+                         term_matches=ANY_TERM_MATCHES if term_matches is None else checked_int(
+                             "term_matches", term_matches, low=1, high=ANY_TERM_MATCHES))
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -252,7 +256,7 @@ class SearchRepository:
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
              hits_of: _Hits, table: Table, with_any: bool, *, held_session: int | None = None,
-             every_word_first: bool = True, **filters: Any) -> SearchResult:
+             every_word_first: bool = True, term_matches: int = ANY_TERM_MATCHES, **filters: Any) -> SearchResult:
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -281,7 +285,7 @@ class SearchRepository:
                 kind = "messages" if table is messages_t else "summaries"
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
                                                     {c.id for c in chosen}, int(newest), self._core.backend,
-                                                    kind, hits_of)
+                                                    kind, hits_of, term_matches)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,
@@ -289,13 +293,14 @@ class SearchRepository:
 
 
 def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int], newest_id: int,
-                   backend: Backend, kind: str, hits_of: _Hits) -> tuple[list[SearchHit], bool]:
+                   backend: Backend, kind: str, hits_of: _Hits,
+                   term_matches: int = ANY_TERM_MATCHES) -> tuple[list[SearchHit], bool]:
     """Rows with some of the query's content words that the all-words search did not return,
     best first whatever the sort (newest first would bury a question's answer under every
     recent row that shares one common word with it).
 
     Bounded work whatever the history size, and the same on both backends: each content term
-    alone is searched newest first, up to ``ANY_TERM_MATCHES`` rows (a rare term gives all its
+    alone is searched newest first, up to ``term_matches`` rows (a rare term gives all its
     rows, a common one its newest), in the exact index and in the stemmed one ("moved" finds
     "move"). A row scores the inverse document frequency of each term it has as written, and
     ``STEM_WEIGHT`` of it for a term it has only in another form (BM25 with term frequency and
@@ -320,7 +325,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
     def lookup(group: tuple[Term, ...], stemmed: bool) -> SearchSpec:
         """Rows with every term of ``group``, newest first, capped."""
         return replace(spec, query=Query(groups=tuple((t,) for t in group), negatives=spec.query.negatives),
-                       ranked=False, limit=ANY_TERM_MATCHES, stemmed=stemmed)
+                       ranked=False, limit=term_matches, stemmed=stemmed)
 
     def looked_up_at_once(groups: list[tuple[tuple[Term, ...], bool]]) -> list[bool]:
         """Each group looked up (lookups independent of each other: at once) and its rows
@@ -336,7 +341,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
         had = has.get
         for row_id in found:
             has[row_id] = had(row_id, 0) | mask
-        capped = len(found) >= ANY_TERM_MATCHES
+        capped = len(found) >= term_matches
         if len(group) == 1:
             doc_freq = window_rank.estimate_doc_freq(len(found), min(found), newest_id) if capped else float(len(found))
             idfs[group[0], stemmed] = window_rank.idf(doc_freq, newest_id)
@@ -346,7 +351,7 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
 
     known = dict(zip(terms, backend.term_rows_many(conn, spec, kind, terms), strict=True))
     for t, rows_with in known.items():
-        if rows_with is not None and rows_with >= ANY_TERM_MATCHES:
+        if rows_with is not None and rows_with >= term_matches:
             common.add(t)
             idfs[t, False] = window_rank.idf(rows_with, newest_id)
     if common and len(common) == len(terms):  # every word is common: still look up the rarest

@@ -47,6 +47,17 @@ PRECUT_CHARS_PER_TOKEN = 4
 #: at least the message itself, and any other row with every word also leads the any-word
 #: search that follows (it has each word's weight). Skipping it: see docs/benchmarks.md.
 EVERY_WORD_FIRST = False
+#: The newest matches of each word (and pair of words) the recall's any-word search reads
+#: (``lcm_grep`` reads 1,000: ``lcm.store.search.ANY_TERM_MATCHES``). A word with more is
+#: taken as common: its rows are reached through its pairs with the rarest words, at any age,
+#: and a row with that word alone is seen among its newest matches only. A block holds the best
+#: 16, which rows with two or more of the message's words lead; on PostgreSQL each match read
+#: is a heap page (at 100k messages a word of 900 matches cost ~1.5 ms, ~20 words a recall).
+#: Measured (docs/benchmarks.md, ninth session), PostgreSQL recall at 100k messages in process,
+#: p50: 14.3-15.1 ms at 1,000, 9.0-10.3 at 300. LoCoMo's dev split, evidence in the prompt
+#: (full text / hybrid): PostgreSQL 0.859 / 0.867 at 300-1,000, 0.854 / 0.859 at 250; SQLite
+#: 0.856 / 0.867 at 1,000, 0.856 / 0.872 at 100-500.
+TERM_MATCHES = 300
 
 
 @dataclass
@@ -92,7 +103,7 @@ def recall_block(context: ContextSession, user_message: Any, *, max_tokens: int,
     current = context.current
     found = find(context, text, mode=None, scope="all", session_pk=None, sort="relevance", limit=CANDIDATES,
                  snippets=False, held_session=current.id if current is not None else None,
-                 every_word_first=EVERY_WORD_FIRST)
+                 every_word_first=EVERY_WORD_FIRST, term_matches=TERM_MATCHES)
     block = RecallBlock(mode=found.mode, considered=len(found.hits))
     hits = [h for h in found.hits if h.kind == "message"]
     if not hits:

@@ -67,7 +67,8 @@ def similarity_floor(context: ContextSession) -> float:
 def find(context: ContextSession, query: str, *, mode: str | None, scope: str, session_pk: int | None,
          sort: SortMode, limit: int, roles: tuple[str, ...] = (), platform: str | None = None,
          time_from: float | None = None, time_to: float | None = None, snippets: bool = True,
-         held_session: int | None = None, every_word_first: bool = True) -> Found:
+         held_session: int | None = None, every_word_first: bool = True,
+         term_matches: int | None = None) -> Found:
     """The search behind ``lcm_grep`` and ``lcm_expand_query``, in one of three modes.
 
     ``full_text``: every query word first, then any content word by BM25, with neighbours in
@@ -79,7 +80,9 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     for a caller that reads the messages it keeps (auto-recall). ``held_session``: a session
     whose newest messages the caller holds and leaves out (auto-recall; see
     ``SearchRepository.messages``). ``every_word_first`` False: the full-text part is the
-    any-word search alone (auto-recall; see ``SearchRepository.messages``).
+    any-word search alone (auto-recall; see ``SearchRepository.messages``). ``term_matches``:
+    the newest matches the any-word part reads of each word (None: the store's default;
+    auto-recall reads fewer).
     """
     embedder = context.embedder
     wanted = mode or ("hybrid" if embedder is not None else "full_text")
@@ -97,7 +100,7 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
                                     any_words=True, roles=roles, platform=platform, time_from=time_from,
                                     time_to=time_to, snippets=snippets, held_session=held_session,
-                                    every_word_first=every_word_first)
+                                    every_word_first=every_word_first, term_matches=term_matches)
     message_hits = list(lexical.hits)
     if ranked and not filtered:
         adjacent = store.search.adjacent_messages(query, [h.id for h in message_hits if h.match == "any"],

@@ -773,6 +773,31 @@ def test_the_any_word_search_alone_puts_a_row_with_every_word_first(store):
     assert all(h.session_pk == mine.id for h in alone.hits)
 
 
+def test_the_any_word_search_reads_a_common_words_newest_matches_up_to_term_matches(store):
+    """``term_matches`` (auto-recall reads fewer than ``lcm_grep``): a word with more matches is
+    common, and only its newest matches are read alone; an old row with it and a rarer word of
+    the query is still found through their pair, at any age. Out of bounds: a clear error."""
+    from lcm.store.search import ANY_TERM_MATCHES
+
+    s = store.sessions.get_or_create("agent", "s")
+    old = append_messages(store, s.id, [{"role": "user", "content": "the walrus sang about kelp"},
+                                        {"role": "assistant", "content": "kelp drifting by itself"}]).store_ids
+    append_messages(store, s.id, [{"role": "user", "content": f"kelp forest survey note {i}"} for i in range(30)])
+
+    def found(**kw):
+        return [h.id for h in store.search.messages("walrus kelp", agent="agent", sort="relevance", limit=50,
+                                                    any_words=True, every_word_first=False, **kw).hits]
+
+    capped = found(term_matches=10)
+    assert capped[0] == old[0]  # walrus and kelp: through the pair, however old
+    assert old[1] not in capped  # kelp alone, older than its newest 10 matches
+    everything = found()  # lcm_grep's default reads all 32 kelp rows
+    assert everything[0] == old[0] and old[1] in everything
+    for bad in (0, ANY_TERM_MATCHES + 1):
+        with pytest.raises(ValueError, match="term_matches"):
+            found(term_matches=bad)
+
+
 def test_word_lookups_at_once_are_the_lookups_one_by_one(store):
     """The any-word part's lookups go to the database together (``Backend.newest_ids_many``:
     one statement on SQLite, the GIN branches of one on PostgreSQL): each answer must be what
