@@ -240,6 +240,12 @@ class Backend(ABC):
         a word too common to decide anything on its own. ``spec``: the search asking (what
         it already looked up is in its ``scope_memo``)."""
 
+    def newest_id(self, conn: Connection, spec: SearchSpec, table: str) -> int:
+        """``spec.newest_id``: the newest row id of ``table``, once per search. A backend may
+        learn, in the same round trip, what the search will ask of its scope next (PostgreSQL:
+        whether its agent is alone, its rows), so its phases find them in ``scope_memo``."""
+        return spec.newest_id(conn, table)
+
     def ids_in(self, column: ColumnElement[Any], ids: Sequence[int]) -> ColumnElement[bool]:
         """``column IN (ids)`` for one chunk of a ``fetch_in``: a list of parameters here."""
         return column.in_(ids)

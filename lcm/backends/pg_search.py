@@ -65,11 +65,25 @@ class _PhaseQuery:
 #: (agent_id, id) index and a catalog row: once per search. (min and max of the index's leading
 #: column are always its two ends; ``NOT EXISTS (... WHERE agent_id > :aid)`` was planned as a
 #: table scan expected to stop early, and read all 100k rows when nothing matched: 65 ms.)
-_AGENT_ALONE = text(
+_AGENT_ALONE_SQL = (
     "SELECT NOT c.relrowsecurity "
     "AND coalesce((SELECT min(agent_id) FROM lcm_messages) = :aid "
     "AND (SELECT max(agent_id) FROM lcm_messages) = :aid, false) "
     "FROM pg_class c WHERE c.oid = to_regclass('lcm_messages')")
+_AGENT_ALONE = text(_AGENT_ALONE_SQL)
+#: The messages in a scope, from the session counters (kept with every append, checked by the
+#: doctor), by the scope's column.
+_MESSAGE_ROWS_SQL = "SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE {column} = :{param}"
+
+
+#: ``PgSearch.newest_id``: the messages' newest id, the scope's rows (the session counters, as
+#: ``PgSearch._scope_rows``) and, agent-wide, ``_AGENT_ALONE``'s answer, in one statement.
+_NEWEST_AND_SCOPE = text(
+    "SELECT (SELECT coalesce(max(id), 0) FROM lcm_messages), "
+    f"({_MESSAGE_ROWS_SQL.format(column='agent_id', param='aid')}), coalesce(({_AGENT_ALONE_SQL}), false)")
+_NEWEST_AND_SCOPE_IN_SESSION = text(
+    "SELECT (SELECT coalesce(max(id), 0) FROM lcm_messages), "
+    f"({_MESSAGE_ROWS_SQL.format(column='id', param='sid')})")
 
 
 def scope_lexemes_for(spec: SearchSpec, alone: bool) -> list[str]:
@@ -103,6 +117,25 @@ class PgSearch:
             return False
         return bool(spec.remembered(("agent_alone", spec.agent_pk), lambda: conn.execute(
             _AGENT_ALONE, {"aid": spec.agent_pk}).scalar()))
+
+    @staticmethod
+    def newest_id(conn: Connection, spec: SearchSpec, table: str) -> int:
+        """The newest id of ``table``, and for a search of messages what its phases will ask
+        next, in one round trip (the any-word part asks for the newest id first, then every
+        word's route asks whether the agent is alone and how many rows its scope has: three
+        statements of ~0.25 ms each, plus SQLAlchemy's per-statement work, in every recall).
+        Each answer is the one its own statement gives (``_AGENT_ALONE``, ``_scope_rows``)."""
+        key = ("newest_id", table)
+        if table != "lcm_messages" or key in spec.scope_memo:
+            return spec.newest_id(conn, table)
+        by_session = spec.session_pk is not None
+        row = conn.execute(_NEWEST_AND_SCOPE_IN_SESSION if by_session else _NEWEST_AND_SCOPE,
+                           {"aid": spec.agent_pk, "sid": spec.session_pk}).one()
+        spec.scope_memo[key] = int(row[0])
+        spec.scope_memo[("rows", table, spec.agent_pk, spec.session_pk)] = int(row[1])
+        if not by_session:
+            spec.scope_memo[("agent_alone", spec.agent_pk)] = bool(row[2])
+        return int(row[0])
 
     def search(self, conn: Connection, spec: SearchSpec, base: str, ts_col: str,
                 roles: Sequence[str]) -> tuple[list[Candidate], bool]:
@@ -275,10 +308,9 @@ class PgSearch:
         """Rows in the search's scope: messages from the session counters (kept with every
         append, checked by the doctor), summaries counted up to ``SCOPE_SCAN_MAX`` + 1."""
         if base == "lcm_messages":
-            where = "id = :sid" if spec.session_pk is not None else "agent_id = :aid"
-            return int(conn.execute(text(
-                f"SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WHERE {where}"),
-                {"sid": spec.session_pk, "aid": spec.agent_pk}).scalar_one())
+            by = ("id", "sid") if spec.session_pk is not None else ("agent_id", "aid")
+            return int(conn.execute(text(_MESSAGE_ROWS_SQL.format(column=by[0], param=by[1])),
+                                    {"sid": spec.session_pk, "aid": spec.agent_pk}).scalar_one())
         where = "session_id = :sid" if spec.session_pk is not None else "agent_id = :aid"
         return int(conn.execute(text(
             f"SELECT count(*) FROM (SELECT 1 FROM {base} WHERE {where} LIMIT :cap) c"),

@@ -362,6 +362,9 @@ class PostgresBackend(Backend):
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         return self._searches.term_rows(conn, kind, term)
 
+    def newest_id(self, conn: Connection, spec: SearchSpec, table: str) -> int:
+        return self._searches.newest_id(conn, spec, table)
+
     def prepare_terms(self, conn: Connection, terms: Sequence[Term]) -> None:
         self._searches.stem_terms(conn, terms)
 

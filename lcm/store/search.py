@@ -281,7 +281,7 @@ class SearchRepository:
             hits = hits_of(conn, spec, chosen) if chosen else []
             wider = any_words(spec.query) if with_any and len(chosen) < limit else None
             if wider is not None:
-                newest = spec.newest_id(conn, table.name)
+                newest = self._core.backend.newest_id(conn, spec, table.name)
                 kind = "messages" if table is messages_t else "summaries"
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
                                                     {c.id for c in chosen}, int(newest), self._core.backend,

@@ -511,6 +511,44 @@ def test_postgres_answers_many_lookups_at_once_as_it_answers_each(pg_url, monkey
         assert len(found) == 7 and [c.id for c in found] == sorted((c.id for c in found), reverse=True)
 
 
+def test_postgres_learns_a_searchs_scope_with_its_newest_id_as_each_statement_says(pg_url):
+    """``PgSearch.newest_id`` answers, in one statement, what a search's phases would ask one
+    by one: the newest id, the scope's rows, whether the agent is alone (agent-wide). Each must
+    be what its own statement says, for an agent alone, one beside another, and a session."""
+    from lcm.backends import SearchSpec
+    from lcm.backends.pg_search import _AGENT_ALONE, PgSearch
+    from lcm.store import Store
+    from lcm.textindex import parse_query
+
+    store = Store.open(pg_url, upgrade=True)
+    mine = store.sessions.get_or_create("agent-a", "s")
+    append_messages(store, mine.id, [{"role": "user", "content": f"wombat {i}"} for i in range(5)])
+    other_session = store.sessions.get_or_create("agent-a", "t")
+    append_messages(store, other_session.id, [{"role": "user", "content": "koala"}])
+
+    def spec(session_pk):
+        return SearchSpec(query=parse_query("wombat"), agent_pk=mine.agent_pk, session_pk=session_pk)
+
+    def each_alone(session_pk):
+        with store.engine.connect() as conn:
+            s = spec(session_pk)
+            alone = None if session_pk is not None else bool(conn.execute(_AGENT_ALONE, {"aid": s.agent_pk}).scalar())
+            return s.newest_id(conn, "lcm_messages"), PgSearch._scope_rows(conn, "lcm_messages", s), alone
+
+    def at_once(session_pk):
+        with store.engine.connect() as conn:
+            s = spec(session_pk)
+            newest = PgSearch.newest_id(conn, s, "lcm_messages")
+            memo = s.scope_memo
+            return newest, memo[("rows", "lcm_messages", s.agent_pk, session_pk)], memo.get(("agent_alone", s.agent_pk))
+
+    assert at_once(None) == each_alone(None) == (each_alone(None)[0], 6, True)
+    assert at_once(mine.id) == each_alone(mine.id) == (each_alone(None)[0], 5, None)
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, theirs.id, [{"role": "user", "content": "wombat theirs"}])
+    assert at_once(None) == each_alone(None) == (each_alone(None)[0], 6, False)
+
+
 def test_agent_wide_search_finds_old_rows_among_many_sessions(store, tiny_windows):
     """Regression: the agent-wide window must be the newest rows by store order, not by seq."""
     sessions = [store.sessions.get_or_create("agent-a", f"s{i}") for i in range(3)]
