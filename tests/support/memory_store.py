@@ -567,8 +567,9 @@ class MemorySearch(_Part):
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
                  sort: str = "recency", limit: int = 10, any_words: bool = False,
                  snippets: bool = True, held_session: int | None = None,
-                 every_word_first: bool = True) -> SearchResult:
-        # held_session: nothing here waits for an index, so there is nothing to leave waiting
+                 every_word_first: bool = True, term_matches: int | None = None) -> SearchResult:
+        # held_session: nothing here waits for an index, so there is nothing to leave waiting;
+        # term_matches bounds a database's reads of a common word: here every row is read.
         agent_pk = self._data.agent(agent, create=False)
         rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
                                          session_key=self._data.sessions[r.session_pk].session_key, ts=r.ts,
