@@ -106,7 +106,7 @@ def _variant_rate(backend: str, played: list[list[dict[str, Any]]], *, estimate:
         store = Store.open(url, upgrade=True)
         if no_index:
             _without_index_upkeep(store)
-        config = LcmConfig.from_env({}, database_url=url, agent_id="bench")
+        config = LcmConfig.from_env({}, database_url=url, agent_id="bench", embeddings="off")
         return _rate(*_per_turn(LcmEngine(config, store=store, tokens=_CharEstimate() if estimate else None),
                                 "ingest-variant", played))
     finally:
@@ -118,7 +118,7 @@ def run(backend: str, url: str, *, turns: int, bulk_messages: int) -> dict[str, 
     Store.open(url, upgrade=True)
     played = list(corpus.turns(turns, session="ingest"))
 
-    config = LcmConfig.from_env({}, database_url=url, agent_id="bench")
+    config = LcmConfig.from_env({}, database_url=url, agent_id="bench", embeddings="off")
     engine = LcmEngine(config)
     lcm_times, lcm_flush_ms = _per_turn(engine, "ingest-turns", played)
     estimated_rate = _variant_rate(backend, played, estimate=True, no_index=False)

@@ -190,7 +190,11 @@ def _lcm_ingest(url: str, turns: int) -> Callable[[], tuple[list[float], list[fl
     from lcm.store import Store
 
     played = list(Corpus().turns(turns, session="server-cost"))
-    engine = LcmEngine(LcmConfig.from_env({}, database_url=url, agent_id="bench"), store=Store.open(url, upgrade=True))
+    # No vectors, whatever extras are installed: the raw driver embeds nothing, and an embedding
+    # thread would take the cores the turns are timed on (``benchmarks.worker`` sets
+    # LCM_EMBEDDINGS=off for its phases; this pass says so itself, for a caller without it).
+    engine = LcmEngine(LcmConfig.from_env({}, database_url=url, agent_id="bench", embeddings="off"),
+                       store=Store.open(url, upgrade=True))
 
     def play() -> tuple[list[float], list[float]]:
         times, flush_ms = _per_turn(engine, "ingest", played)
