@@ -124,9 +124,12 @@ class PgSearch:
         next, in one round trip (the any-word part asks for the newest id first, then every
         word's route asks whether the agent is alone and how many rows its scope has: three
         statements of ~0.25 ms each, plus SQLAlchemy's per-statement work, in every recall).
-        Each answer is the one its own statement gives (``_AGENT_ALONE``, ``_scope_rows``)."""
+        Each answer is the one its own statement gives (``_AGENT_ALONE``, ``_scope_rows``).
+        A search that routed its every-word part first knows the scope already: the newest id
+        alone is asked then."""
         key = ("newest_id", table)
-        if table != "lcm_messages" or key in spec.scope_memo:
+        known = ("rows", table, spec.agent_pk, spec.session_pk) in spec.scope_memo
+        if table != "lcm_messages" or key in spec.scope_memo or known:
             return spec.newest_id(conn, table)
         by_session = spec.session_pk is not None
         row = conn.execute(_NEWEST_AND_SCOPE_IN_SESSION if by_session else _NEWEST_AND_SCOPE,
