@@ -377,18 +377,29 @@ class PgSearch:
 
     @staticmethod
     def _gin_lookups(conn: Connection, lookups: dict[int, _PhaseQuery]) -> dict[int, list[Candidate]]:
-        """:meth:`_gin_phase` of several plain lookups (no rank, no filter) in one statement:
-        each branch is that phase's own fenced query, with its parameters renamed apart."""
+        """:meth:`_gin_phase` of several plain lookups (no rank, no filter) in one statement.
+
+        The queries travel as one array, and each is that phase's own fenced lookup in a
+        ``LATERAL`` over it (``OFFSET 0``: the matches are read before anything is ordered), so
+        the statement's text depends only on the searched tables, never on the number of words:
+        psycopg prepares it after a few runs and the server plans it once. A ``UNION ALL`` with a
+        branch per word, new text for each count, was planned on every recall: measured at 100k
+        messages, 0.6-1.3 ms of planning in a 1.2-2.0 ms statement; this form runs in 0.6-1.3 ms."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, q in lookups.items():
+            groups.setdefault((q.source, q.vector), []).append(i)
         branches: list[str] = []
         params: dict[str, Any] = {}
-        for i, q in lookups.items():
-            params[f"q{i}"], params[f"need{i}"] = q.params["q"], q.need
+        for g, ((source, vector), keys) in enumerate(sorted(groups.items())):
+            params[f"k{g}"] = keys
+            params[f"q{g}"] = [lookups[i].params["q"] for i in keys]
+            params[f"need{g}"] = [lookups[i].need for i in keys]
             branches.append(
-                f"SELECT {i} AS k, b.id FROM (WITH g AS MATERIALIZED (SELECT t.id FROM {q.source} "
-                f"WHERE {q.vector} @@ CAST(:q{i} AS tsquery)) "
-                f"SELECT id FROM g ORDER BY id DESC LIMIT :need{i}) b")
+                f"SELECT u.k, b.id FROM unnest(CAST(:k{g} AS int[]), CAST(:q{g} AS tsquery[]), "
+                f"CAST(:need{g} AS int[])) AS u(k, q, need), LATERAL (SELECT g.id FROM (SELECT t.id FROM {source} "
+                f"WHERE {vector} @@ u.q OFFSET 0) g ORDER BY g.id DESC LIMIT u.need) b")
         found: dict[int, list[Candidate]] = {i: [] for i in lookups}
-        for k, row_id in driver_rows(conn, " UNION ALL ".join(branches) + " ORDER BY k, id DESC", params):
+        for k, row_id in driver_rows(conn, " UNION ALL ".join(branches) + " ORDER BY 1, 2 DESC", params):
             found[k].append(Candidate(row_id))
         return found
 
