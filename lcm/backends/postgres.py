@@ -359,6 +359,11 @@ class PostgresBackend(Backend):
                              ) -> list[tuple[list[Candidate], bool]]:
         return self._searches.search_many(conn, specs, "lcm_messages", "ts")
 
+    def newest_ids_many(self, conn: Connection, kind: str, specs: Sequence[SearchSpec]) -> list[list[int]]:
+        if kind == "messages":
+            return self._searches.newest_ids_many(conn, specs, "lcm_messages", "ts")
+        return super().newest_ids_many(conn, kind, specs)
+
     def term_rows(self, conn: Connection, spec: SearchSpec, kind: str, term: Term) -> float | None:
         return self._searches.term_rows(conn, kind, term)
 

@@ -504,12 +504,19 @@ def test_postgres_answers_many_lookups_at_once_as_it_answers_each(pg_url, monkey
         statements.clear()
         at_once = backend.search_messages_many(conn, specs)
     assert at_once == one_by_one
-    [batched] = [sql for sql in statements if "LATERAL" in sql]
+    [batched] = [sql for sql in statements if "AS u(k, q, need)" in sql]
     # Its text does not depend on how many words it looks up (so the server plans it once).
     with store.engine.connect() as conn:
         statements.clear()
         fewer = backend.search_messages_many(conn, specs[:6])
-    assert fewer == one_by_one[:6] and [sql for sql in statements if "LATERAL" in sql] == [batched]
+    assert fewer == one_by_one[:6] and [sql for sql in statements if "AS u(k, q, need)" in sql] == [batched]
+    # A single lookup takes the same statement; the ids alone are the candidates' ids.
+    with store.engine.connect() as conn:
+        statements.clear()
+        assert backend.search_messages_many(conn, specs[1:2]) == one_by_one[1:2]
+        assert statements == [batched]
+        ids = backend.newest_ids_many(conn, "messages", specs)
+    assert ids == [[c.id for c in found] for found, _ in one_by_one]
     stemmed = [found for (found, _), spec in zip(at_once, specs, strict=True) if spec.stemmed]
     assert all(stemmed[:4]) and not any(stemmed[4:])  # four words' forms; "the" and no match: none
     for found in stemmed[:4]:  # capped at the limit, newest first
