@@ -291,9 +291,10 @@ class Backend(ABC):
     def pending_index(self, conn: Connection, *, except_session: int | None = None) -> int:
         """Messages stored but not yet in the search index (0 where the insert indexes them).
         ``except_session``: a session whose raw region (past its coverage) the caller holds in
-        its context; its waiting messages there are not counted where a search still finds
-        them by their exact words (PostgreSQL, whose stems alone wait), and counted where a
-        waiting message is not found at all (SQLite). See :meth:`catch_up_index`."""
+        its context and leaves out of what it finds (auto-recall); its waiting messages there
+        are not counted: a search still finds them by their exact words on PostgreSQL (whose
+        stems alone wait), and on SQLite (where a waiting message is not found at all) the
+        caller does not want them. See :meth:`catch_up_index`."""
         return 0
 
     def catch_up_index(self, conn: Connection) -> None:  # noqa: B027 - optional hook

@@ -296,7 +296,8 @@ class StoreCore:
         is written when only they wait, and the background catch-up stems them soon after. A
         compacted message waiting for its stems is caught up first (a conversation played
         faster than the background stemmer leaves them: LoCoMo's evidence depended on it).
-        On SQLite, where a waiting message is not found at all, every one is indexed first.
+        On SQLite, where a waiting message is not found at all, every other one is indexed
+        first (the held ones too, when anything else waits: the index takes rows in id order).
 
         ``tolerate``: where waiting messages are still found by their exact words
         (``Backend.pending_still_found``), up to that many are left to the background catch-up,
