@@ -229,8 +229,9 @@ class SearchRepository:
         stem that region's messages (a write of 1-3 ms), nor up to ``FRESH_PENDING_TOLERATED``
         that other conversations have just stored; the background catch-up stems them within
         about a second (``StoreCore.catch_up_index``). On SQLite, where a waiting message is
-        not found at all, it does not stop to index that region's messages either (a write of
-        0.4-0.9 ms a recall): they may be missing from the result, which the caller leaves out.
+        not found at all, it does not stop to index that region's messages either (a write
+        transaction: about 0.4 ms of a 6.5 ms recall): they may be missing from the result,
+        which the caller leaves out.
         ``every_word_first`` False (with ``any_words``): only the any-word part, every hit
         ``match="any"``. A row with every word still comes first there (it scores each word's
         IDF), by that score rather than BM25; what is skipped is a search that, for a question
