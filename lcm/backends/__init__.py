@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, TextClause, text
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, TextClause, text
 from sqlalchemy.engine import URL
 
 from lcm.config import install_command
@@ -36,6 +37,24 @@ from lcm.textindex import Query, Term
 #: applies: the newest matches, so the work per search is bounded whatever the history size.
 RANK_WINDOW = 1000
 FILTER_SCAN_CAP = 20_000
+#: Ids per statement where a backend reads an id list as an ``IN`` list of parameters.
+ID_LIST_CHUNK = 500
+
+#: ``ids_in(column)``: the condition that ``column`` is one of a statement's ids
+#: (``Backend.rows_by_ids``).
+IdsIn = Callable[[ColumnElement[Any]], ColumnElement[bool]]
+
+_ROW_TYPES: dict[tuple[str, ...], Any] = {}
+
+
+def named_rows(description: Sequence[Any], rows: Iterable[Sequence[Any]]) -> list[Any]:
+    """A driver cursor's rows as named tuples (read by attribute, as SQLAlchemy's rows are),
+    one tuple type per column list."""
+    names = tuple(d[0] for d in description)
+    row_type = _ROW_TYPES.get(names)
+    if row_type is None:
+        row_type = _ROW_TYPES.setdefault(names, namedtuple("Row", names))
+    return [row_type._make(r) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +268,25 @@ class Backend(ABC):
     def ids_in(self, column: ColumnElement[Any], ids: Sequence[int]) -> ColumnElement[bool]:
         """``column IN (ids)`` for one chunk of a ``fetch_in``: a list of parameters here."""
         return column.in_(ids)
+
+    def rows_by_ids(self, conn: Connection, key: str, build: Callable[[IdsIn], Select[Any]],
+                    ids: Sequence[int], params: Mapping[str, Any] | None = None) -> list[Any]:
+        """The rows of ``build(ids_in)`` for ``ids`` (``ids_in(column)``: the column is one of
+        them), with the statement's named ``bindparam``s from ``params``; rows read by
+        attribute. ``key`` names the statement: a backend may build and compile it once and
+        run it on the driver's connection (a recall reads three such id lists, where
+        SQLAlchemy's work per statement cost several times what the database took). Here:
+        SQLAlchemy, an ``IN`` list per chunk of ids."""
+        unique = list(dict.fromkeys(ids))
+        rows: list[Any] = []
+        for i in range(0, len(unique), ID_LIST_CHUNK):
+            chunk = unique[i:i + ID_LIST_CHUNK]
+
+            def in_chunk(column: ColumnElement[Any], chunk: list[int] = chunk) -> ColumnElement[bool]:
+                return column.in_(chunk)
+
+            rows.extend(conn.execute(build(in_chunk), dict(params or {})).all())
+        return rows
 
     def messages_at(self, conn: Connection, places: Iterable[tuple[int, int]]) -> list[Any]:
         """``(id, session_id, seq, ts)`` of the messages at ``places`` (session id, seq), those

@@ -60,3 +60,11 @@ def driver_rows(conn: Connection, sql: str, params: dict[str, Any]) -> list[tupl
         compiled = _COMPILED[sql] = str(text(sql).compile(dialect=conn.dialect))
     with _cursor(conn, compiled, params) as cursor:
         return list(cursor.fetchall())
+
+
+def driver_named_rows(conn: Connection, compiled_sql: str, params: dict[str, Any]) -> list[Any]:
+    """Every row of ``compiled_sql`` (already in psycopg's placeholders), read by attribute."""
+    from lcm.backends import named_rows
+
+    with _cursor(conn, compiled_sql, params) as cursor:
+        return named_rows(cursor.description, cursor.fetchall())

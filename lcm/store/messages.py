@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Select, bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from lcm import codec
-from lcm.backends import IndexRow
+from lcm.backends import IdsIn, IndexRow
 from lcm.errors import ConcurrentUpdateError, StaleViewError
 from lcm.messages import decode_message, message_text
 from lcm.prepare import (
@@ -76,6 +76,11 @@ META_COLUMNS = (messages_t.c.id, messages_t.c.seq, messages_t.c.identity,
 def message_select() -> Select[Any]:
     """Messages with their session's host key (what :func:`records` reads)."""
     return select(*MESSAGE_COLUMNS).join(sessions_t, sessions_t.c.id == messages_t.c.session_id)
+
+
+def _by_id(ids_in: IdsIn) -> Select[Any]:
+    """Whole messages of one agent by id (``get_many``)."""
+    return message_select().where(ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
 
 
 def metas_select(session_pk: int, first_seq: int, last_seq: int) -> Select[Any]:
@@ -433,8 +438,7 @@ class MessageRepository:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None:
                 return []
-            rows = fetch_in(conn, ids, lambda chunk: message_select().where(
-                self._core.backend.ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == agent_pk))
+            rows = self._core.backend.rows_by_ids(conn, "messages.by_id", _by_id, ids, {"agent": agent_pk})
             by_id = {r.store_id: r for r in records(conn, rows)}
         return [by_id[i] for i in ids if i in by_id]
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, select
+from sqlalchemy import Connection, Select, Table, and_, bindparam, select
 
-from lcm.backends import Backend, SearchSpec, window_rank
+from lcm.backends import Backend, IdsIn, SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
 from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
@@ -63,8 +63,8 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 
 #: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
 _Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
-#: The backend's ``column IN (ids)`` (``Backend.ids_in``).
-IdsIn = Callable[[ColumnElement[Any], Sequence[int]], ColumnElement[bool]]
+#: The backend's read of rows by id (``Backend.rows_by_ids``).
+RowsByIds = Callable[..., list[Any]]
 
 
 def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
@@ -77,18 +77,29 @@ def _in_scope(spec: SearchSpec, rows: Sequence[Any]) -> dict[int, Any]:
     return {r.id: r for r in rows if spec.session_pk is None or r.session_id == spec.session_pk}
 
 
-def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], ids_in: IdsIn) -> list[SearchHit]:
-    """The chosen candidates as hits (``ids_in``: the backend's ``IN`` for their ids)."""
+def _hit_places(ids_in: IdsIn) -> Select[Any]:
+    """Where messages are (no body): the hits of a search without snippets."""
+    return select(messages_t.c.id, messages_t.c.session_id, messages_t.c.ts, messages_t.c.role,
+                  sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == messages_t.c.session_id).where(
+        ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
+
+
+def _hit_rows(ids_in: IdsIn) -> Select[Any]:
+    """Whole messages and their indexed text: the hits of a search with snippets."""
+    return message_select().add_columns(messages_t.c.search_text).where(
+        ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
+
+
+def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds,
+                  ) -> list[SearchHit]:
+    """The chosen candidates as hits (``rows_by_ids``: the backend's read of rows by id)."""
+    ids = [c.id for c in chosen]
     if not spec.snippets:  # where the hits are, not what they say: no row decoded
-        at = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
-            messages_t.c.id, messages_t.c.session_id, messages_t.c.ts, messages_t.c.role,
-            sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == messages_t.c.session_id).where(
-            ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == spec.agent_pk)))
+        at = _in_scope(spec, rows_by_ids(conn, "search.hit_places", _hit_places, ids, {"agent": spec.agent_pk}))
         return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
                           ts=r.ts, role=r.role, score=c.score, snippet="")
                 for c in chosen if (r := at.get(c.id)) is not None]
-    by_id = _in_scope(spec, fetch_in(conn, (c.id for c in chosen), lambda chunk: message_select().add_columns(
-        messages_t.c.search_text).where(ids_in(messages_t.c.id, chunk), messages_t.c.agent_id == spec.agent_pk)))
+    by_id = _in_scope(spec, rows_by_ids(conn, "search.hit_rows", _hit_rows, ids, {"agent": spec.agent_pk}))
     rows = list(by_id.values())
     # Snippets come from the message's own text; a large payload is not decompressed for
     # that: its indexed excerpt is used instead.
@@ -126,13 +137,17 @@ _ADJACENT = select(
     _AFTER.c.session_id == _PLACED.c.session_id, _AFTER.c.seq == _PLACED.c.seq + 1)))
 
 
+def _adjacent(ids_in: IdsIn) -> Select[Any]:
+    return _ADJACENT.where(ids_in(_PLACED.c.id), _PLACED.c.agent_id == bindparam("agent"))
+
+
 class SearchRepository:
     """Search over messages and summaries (``store.search``)."""
 
     def __init__(self, core: StoreCore, vectors: VectorRepository):
         self._core = core
         self._vectors = vectors
-        self._message_hits: _Hits = functools.partial(_message_hits, ids_in=core.backend.ids_in)
+        self._message_hits: _Hits = functools.partial(_message_hits, rows_by_ids=core.backend.rows_by_ids)
 
     def catch_up(self) -> int:
         """Index the messages the backend left pending (every search does this first); how
@@ -151,18 +166,18 @@ class SearchRepository:
             agent_pk = self._core.agent_pk(conn, agent, create=False)
             if agent_pk is None or not store_ids:
                 return {}
-            ids_in = self._core.backend.ids_in
-            rows = fetch_in(conn, store_ids, lambda chunk: _ADJACENT.where(
-                ids_in(_PLACED.c.id, chunk), _PLACED.c.agent_id == agent_pk))
+            rows = self._core.backend.rows_by_ids(conn, "search.adjacent", _adjacent, list(store_ids),
+                                                  {"agent": agent_pk})
             sides: dict[tuple[int, str], SearchHit] = {}
             for r in rows:
-                m = r._mapping
-                for name in ("before", "after"):
-                    if m[f"{name}_id"] is not None:
-                        sides[r.id, name] = SearchHit(
-                            kind="message", id=m[f"{name}_id"], session_pk=m[f"{name}_session_id"],
-                            session_key=r.session_key, ts=m[f"{name}_ts"], role=m[f"{name}_role"], snippet="",
-                            match="neighbour")
+                if r.before_id is not None:
+                    sides[r.id, "before"] = SearchHit(
+                        kind="message", id=r.before_id, session_pk=r.before_session_id, session_key=r.session_key,
+                        ts=r.before_ts, role=r.before_role, snippet="", match="neighbour")
+                if r.after_id is not None:
+                    sides[r.id, "after"] = SearchHit(
+                        kind="message", id=r.after_id, session_pk=r.after_session_id, session_key=r.session_key,
+                        ts=r.after_ts, role=r.after_role, snippet="", match="neighbour")
             if snippets:  # exact-word snippets: a neighbour is returned for where it is, not for its words
                 spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
                                   limit=len(sides) or 1)

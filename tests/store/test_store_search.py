@@ -890,3 +890,54 @@ def test_word_lookups_at_once_are_the_lookups_one_by_one(store):
                 assert together == alone
                 assert any(len(ids) == 5 for ids in together) and any(len(ids) > 5 for ids in together)
                 assert all(ids == sorted(ids, reverse=True) for ids in together)
+
+
+def test_rows_by_ids_reads_what_an_in_list_reads_in_one_statement_of_constant_text(store, monkeypatch):
+    """``Backend.rows_by_ids`` (a recall's hit rows, their neighbours, its records) gives the
+    rows SQLAlchemy's ``IN`` list gives, in a statement whose text does not depend on how many
+    ids it reads: more ids than one ``IN`` chunk or SQLite's parameter limit, repeated ids,
+    ids of another agent and ids that do not exist are all read (or left out) alike, and the
+    ids travel as one parameter."""
+    from sqlalchemy import bindparam, select
+
+    from lcm.backends import Backend
+    from lcm.store._core import messages_t
+    from lcm.store.messages import message_select
+
+    mine = store.sessions.get_or_create("agent-a", "s")
+    theirs = store.sessions.get_or_create("agent-b", "s")
+    append_messages(store, mine.id, [{"role": "user", "content": f"message {i}"} for i in range(1_200)])
+    append_messages(store, theirs.id, [{"role": "user", "content": "not yours"}])
+    backend = store._core.backend
+    with store.engine.connect() as conn:
+        ids = [r.id for r in conn.execute(select(messages_t.c.id).order_by(messages_t.c.id)).all()]
+    asked = ids[::-1] + ids[:5] + [ids[-1] + 1_000, 2**62]  # every id, some twice, two that do not exist
+
+    def build(ids_in):
+        return message_select().where(ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
+
+    seen: list[str] = []
+    for module in ("lcm.backends.sqlite", "lcm.backends.pg_driver"):
+        import importlib
+        mod = importlib.import_module(module)
+        name = "driver_execute" if module.endswith("sqlite") else "_cursor"
+        real = getattr(mod, name)
+
+        def spied(conn, sql, params, _real=real):
+            seen.append(sql)
+            return _real(conn, sql, params)
+
+        monkeypatch.setattr(mod, name, spied)
+    with store.engine.connect() as conn:
+        fast = backend.rows_by_ids(conn, "test.by_id", build, asked, {"agent": mine.agent_pk})
+        generic = Backend.rows_by_ids(backend, conn, "test.by_id", build, asked, {"agent": mine.agent_pk})
+        one = backend.rows_by_ids(conn, "test.by_id", build, ids[:1], {"agent": mine.agent_pk})
+        none = backend.rows_by_ids(conn, "test.by_id", build, ids[-1:], {"agent": mine.agent_pk})  # agent-b's
+    assert sorted(map(tuple, fast), key=lambda t: t[0]) == sorted(map(tuple, generic), key=lambda t: t[0])
+    assert len(fast) == 1_200 and {r.session_key for r in fast} == {"s"}
+    assert sorted(r.id for r in fast) == sorted(r.id for r in generic)
+    assert [r.content for r in one] == ["message 0"] and none == []
+    assert fast[0]._fields == tuple(generic[0]._fields)
+    # One statement for 1,201 ids, one for a single id, one for another: the same text.
+    texts = [sql for sql in seen if "lcm_messages" in sql]
+    assert len(texts) == 3 and len(set(texts)) == 1
