@@ -167,56 +167,55 @@ def _in_context(record: MessageRecord, held: _Held | None, context: ContextSessi
 def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: int,
             block: RecallBlock) -> RecallBlock:
     """The block: a header, one line per hit (best first, each cut to its share), a closing tag;
-    lines that no longer fit are left out."""
+    lines that no longer fit are left out.
+
+    Each piece is counted with the newline that follows it, and the block's count is their sum:
+    exact, because a tokenizer's pieces never run across a newline into a text that starts with
+    a non-space character (every line starts with ``[store_id=``, the closing tag with ``<``),
+    and no line ends in a space (GPT-2's split joins a trailing space to the newline only at the
+    end of a text), so the block splits into the same pieces as its lines do
+    (tests/unit/test_recall_block_count.py, on the split of every OpenAI encoding). With the
+    character estimate (no tokenizer) the sum is an upper bound. Counting the whole block again
+    cost 0.5-0.7 ms a recall."""
     count = context.tokens.count_text
-    frame = count(RECALL_HEADER + "\n\n" + RECALL_CLOSE)
-    room = max_tokens - frame
+    header = count(RECALL_HEADER + "\n")
+    room = max_tokens - header - count(RECALL_CLOSE)
     per_hit = max(20, min(MAX_TOKENS_PER_HIT, int(max_tokens * MAX_SHARE_PER_HIT)))
     lines: list[str] = []
     for record in chosen:
         body = " ".join(message_text(record.message).split())
-        line = _line(record, body)
+        line = _line(record, body).rstrip()  # no line ends in a space (see above)
         limit = min(per_hit, room)
         if len(line) > limit * PRECUT_CHARS_PER_TOKEN:
             line = line[:limit * PRECUT_CHARS_PER_TOKEN].rstrip() + " …"
-        size = count(line)
+        size = count(line + "\n")
         if size > limit:
             line, size = _cut(line, limit, size, count)
         if not line or size > room:
             continue
         lines.append(line)
         block.store_ids.append(record.store_id)
-        room -= size + 1
+        room -= size
         if room < 20:
             break
-    text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
-    total = count(text)  # the block is counted once as a whole (pieces counted apart can add up to more)
-    while lines and total > max_tokens:
-        size = count(lines[-1])
-        last, _ = _cut(lines[-1], size - (total - max_tokens), size, count)
-        if last:
-            lines[-1] = last
-        else:
-            lines.pop()
-            block.store_ids.pop()
-        text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
-        total = count(text)
     if not lines:
         block.reason = "no match fits in LCM_AUTO_RECALL_MAX_TOKENS"
         return block
-    block.text, block.tokens = text, total
+    block.text = "\n".join([RECALL_HEADER, *lines, RECALL_CLOSE])
+    block.tokens = max_tokens - room
     return block
 
 
 def _cut(line: str, tokens: int, total: int, count: Callable[[str], int]) -> tuple[str, int]:
-    """``line`` (``total`` tokens) cut with an ellipsis to at most ``tokens`` tokens, and its
-    size; ("", 0) when not even its label fits. The cut starts at the line's length scaled to
-    the budget and shortens by a tenth until it fits: two or three counts, where a bisection on
-    characters took a dozen (this runs on every request that recalls a long turn)."""
+    """``line`` (``total`` tokens with its newline) cut with an ellipsis to at most ``tokens``
+    tokens with its newline, and that size; ("", 0) when not even its label fits. The cut
+    starts at the line's length scaled to the budget and shortens by a tenth until it fits: two
+    or three counts, where a bisection on characters took a dozen (this runs on every request
+    that recalls a long turn)."""
     size = len(line) * max(tokens, 0) // max(total, 1)
     while size > 0:
         cut = line[:size].rstrip()
-        counted = count(cut + " …")
+        counted = count(cut + " …\n")
         if counted <= tokens:  # nothing of the text left after the label: no line
             return (cut + " …", counted) if "] " in cut and not cut.endswith("]") else ("", 0)
         size = size * 9 // 10 - 1
