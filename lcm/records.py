@@ -261,6 +261,10 @@ class SearchResult:
     unindexed: int = 0
     #: What that means on this backend, in words (``Backend.unindexed_note``; also in ``notes``).
     unindexed_note: str = ""
+    #: When asked for (``SearchRepository.messages``' ``neighbours``): each any-word hit's id
+    #: with the messages just before and after it in its session, as ``adjacent_messages``
+    #: gives them (read with the hits, in the same statement).
+    adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]] | None = None
 
 
 class Candidate(NamedTuple):

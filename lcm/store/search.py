@@ -141,6 +141,41 @@ def _adjacent(ids_in: IdsIn) -> Select[Any]:
     return _ADJACENT.where(ids_in(_PLACED.c.id), _PLACED.c.agent_id == bindparam("agent"))
 
 
+def _placed_and_adjacent(ids_in: IdsIn) -> Select[Any]:
+    """Hits without snippets and their neighbours, in one statement (``_hits_with_neighbours``)."""
+    return _ADJACENT.add_columns(_PLACED.c.session_id, _PLACED.c.ts, _PLACED.c.role).where(
+        ids_in(_PLACED.c.id), _PLACED.c.agent_id == bindparam("agent"))
+
+
+def _sides(rows: Sequence[Any]) -> dict[tuple[int, str], SearchHit]:
+    """The neighbours in rows of ``_ADJACENT``, by (placed id, "before" / "after")."""
+    sides: dict[tuple[int, str], SearchHit] = {}
+    for r in rows:
+        if r.before_id is not None:
+            sides[r.id, "before"] = SearchHit(
+                kind="message", id=r.before_id, session_pk=r.before_session_id, session_key=r.session_key,
+                ts=r.before_ts, role=r.before_role, snippet="", match="neighbour")
+        if r.after_id is not None:
+            sides[r.id, "after"] = SearchHit(
+                kind="message", id=r.after_id, session_pk=r.after_session_id, session_key=r.session_key,
+                ts=r.after_ts, role=r.after_role, snippet="", match="neighbour")
+    return sides
+
+
+def _hits_with_neighbours(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds,
+                          adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]]) -> list[SearchHit]:
+    """``_message_hits`` without snippets, and each hit's neighbours put in ``adjacent`` (as
+    ``adjacent_messages`` gives them): one statement where the two took two (a round trip and
+    about 1 ms of a recall)."""
+    at = _in_scope(spec, rows_by_ids(conn, "search.placed_and_adjacent", _placed_and_adjacent,
+                                     [c.id for c in chosen], {"agent": spec.agent_pk}))
+    sides = _sides(list(at.values()))
+    adjacent.update({i: (sides.get((i, "before")), sides.get((i, "after"))) for i in at})
+    return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
+                      ts=r.ts, role=r.role, score=c.score, snippet="")
+            for c in chosen if (r := at.get(c.id)) is not None]
+
+
 class SearchRepository:
     """Search over messages and summaries (``store.search``)."""
 
@@ -168,16 +203,7 @@ class SearchRepository:
                 return {}
             rows = self._core.backend.rows_by_ids(conn, "search.adjacent", _adjacent, list(store_ids),
                                                   {"agent": agent_pk})
-            sides: dict[tuple[int, str], SearchHit] = {}
-            for r in rows:
-                if r.before_id is not None:
-                    sides[r.id, "before"] = SearchHit(
-                        kind="message", id=r.before_id, session_pk=r.before_session_id, session_key=r.session_key,
-                        ts=r.before_ts, role=r.before_role, snippet="", match="neighbour")
-                if r.after_id is not None:
-                    sides[r.id, "after"] = SearchHit(
-                        kind="message", id=r.after_id, session_pk=r.after_session_id, session_key=r.session_key,
-                        ts=r.after_ts, role=r.after_role, snippet="", match="neighbour")
+            sides = _sides(rows)
             if snippets:  # exact-word snippets: a neighbour is returned for where it is, not for its words
                 spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
                                   limit=len(sides) or 1)
@@ -229,7 +255,8 @@ class SearchRepository:
                  roles: Sequence[str] = (), platform: str | None = None, time_from: float | None = None,
                  time_to: float | None = None, sort: SortMode = "recency", limit: int = 10,
                  any_words: bool = False, snippets: bool = True, held_session: int | None = None,
-                 every_word_first: bool = True, term_matches: int | None = None) -> SearchResult:
+                 every_word_first: bool = True, term_matches: int | None = None,
+                 neighbours: bool = False) -> SearchResult:
         """Full-text search over the agent's raw messages (one session, or all when None).
 
         ``recency``: newest matches first, exact. ``relevance`` / ``hybrid``: the newest
@@ -253,14 +280,22 @@ class SearchRepository:
         the caller has just stored (auto-recall), always finds at least the question itself.
         ``term_matches``: the newest matches the any-word part reads of each word and pair
         (None: ``ANY_TERM_MATCHES``; auto-recall reads fewer, see ``lcm.tools.autorecall``).
+        ``neighbours`` (with ``snippets`` False): the any-word hits come with the messages just
+        before and after each (``SearchResult.adjacent``, as :meth:`adjacent_messages` gives
+        them), read in the statement that reads the hits.
         """
         backend = self._core.backend
-        return self._run(query, agent, session_pk, sort, limit, backend.search_messages,
-                         self._message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
-                         time_from=time_from, time_to=time_to, snippets=snippets, held_session=held_session,
-                         every_word_first=every_word_first or not any_words,
-                         term_matches=ANY_TERM_MATCHES if term_matches is None else checked_int(
-                             "term_matches", term_matches, low=1, high=ANY_TERM_MATCHES))
+        adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]] | None = (
+            {} if neighbours and not snippets else None)
+        any_hits_of = (self._message_hits if adjacent is None else functools.partial(
+            _hits_with_neighbours, rows_by_ids=backend.rows_by_ids, adjacent=adjacent))
+        found = self._run(query, agent, session_pk, sort, limit, backend.search_messages,
+                          self._message_hits, messages_t, any_words, roles=tuple(roles), platform=platform,
+                          time_from=time_from, time_to=time_to, snippets=snippets, held_session=held_session,
+                          every_word_first=every_word_first or not any_words, any_hits_of=any_hits_of,
+                          term_matches=ANY_TERM_MATCHES if term_matches is None else checked_int(
+                              "term_matches", term_matches, low=1, high=ANY_TERM_MATCHES))
+        return replace(found, adjacent=adjacent) if adjacent is not None else found
 
     @lag_tolerant
     def summaries(self, query: str, *, agent: str, session_pk: int | None = None, sort: SortMode = "recency",
@@ -274,7 +309,9 @@ class SearchRepository:
     def _run(self, query: str, agent: str, session_pk: int | None, sort: SortMode, limit: int,
              candidates_of: Callable[[Connection, SearchSpec], tuple[list[Candidate], bool]],
              hits_of: _Hits, table: Table, with_any: bool, *, held_session: int | None = None,
-             every_word_first: bool = True, term_matches: int = ANY_TERM_MATCHES, **filters: Any) -> SearchResult:
+             every_word_first: bool = True, term_matches: int = ANY_TERM_MATCHES, any_hits_of: _Hits | None = None,
+             **filters: Any) -> SearchResult:
+        """The search; ``any_hits_of``: how the any-word part's hits are read (``hits_of`` when None)."""
         if sort not in SORT_MODES:
             raise ValueError(f"sort must be one of {', '.join(SORT_MODES)}, got {sort!r}")
         checked_int("limit", limit, low=1, high=MAX_SEARCH_LIMIT)
@@ -294,6 +331,10 @@ class SearchRepository:
                               ranked=sort != "recency", limit=limit, **filters)
             if spec.query.is_empty:
                 return SearchResult(hits=[], notes=spec.query.notes + notes, unindexed=unindexed, unindexed_note=note)
+            if not every_word_first and any_words(spec.query) is None:
+                # One word (or one phrase): nothing is wider than the query, so the any-word part
+                # is the query's own search. Skipping it found nothing for a one-word message.
+                every_word_first = True
             found, clamped = candidates_of(conn, spec) if every_word_first else ([], False)
             chosen = order_candidates(found, sort, limit)
             hits = hits_of(conn, spec, chosen) if chosen else []
@@ -303,7 +344,7 @@ class SearchRepository:
                 kind = "messages" if table is messages_t else "summaries"
                 more, more_clamped = _any_word_hits(conn, replace(spec, query=wider), limit - len(chosen),
                                                     {c.id for c in chosen}, int(newest), self._core.backend,
-                                                    kind, hits_of, term_matches)
+                                                    kind, any_hits_of or hits_of, term_matches)
                 hits += more
                 clamped = clamped or more_clamped
         return SearchResult(hits=hits, candidates_clamped=clamped, notes=spec.query.notes + notes,

@@ -100,11 +100,12 @@ def find(context: ContextSession, query: str, *, mode: str | None, scope: str, s
     lexical = store.search.messages(query, agent=agent, session_pk=session_pk, sort=rank_sort, limit=depth,
                                     any_words=True, roles=roles, platform=platform, time_from=time_from,
                                     time_to=time_to, snippets=snippets, held_session=held_session,
-                                    every_word_first=every_word_first, term_matches=term_matches)
+                                    every_word_first=every_word_first, term_matches=term_matches,
+                                    neighbours=ranked and not filtered)
     message_hits = list(lexical.hits)
     if ranked and not filtered:
-        adjacent = store.search.adjacent_messages(query, [h.id for h in message_hits if h.match == "any"],
-                                                  agent=agent, snippets=snippets)
+        adjacent = lexical.adjacent if lexical.adjacent is not None else store.search.adjacent_messages(
+            query, [h.id for h in message_hits if h.match == "any"], agent=agent, snippets=snippets)
         message_hits = spread_to_neighbours(message_hits, adjacent, session_pk, depth)
     summary_hits = current_summary_hits(context, query, rank_sort, depth) if with_summaries else []
     words = merge_hits(message_hits, summary_hits, rank_sort, depth)

@@ -113,6 +113,7 @@ def test_auto_recall_quotes_an_early_fact_the_context_lacks(make_engine):
     small = engine.recall("what was the hint for the vault recovery phrase?", transcript, max_tokens=60)
     assert 0 < small.tokens <= 60 and small.store_ids == [fact_id] and small.text.count("\n") == 2
     assert engine.recall("qzxv wkpl fjrtyh", transcript).text == ""
+    assert fact_id in engine.recall("binder?", transcript).store_ids  # one word is searched too
     assert engine.recall("ok, thanks!", transcript).text == ""  # stop words only
 
 

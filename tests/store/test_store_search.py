@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from lcm.errors import NotFoundError
 from lcm.store.search import MAX_SEARCH_LIMIT
+from lcm.textindex import any_words, parse_query
 from tests.support.storing import append_messages
 
 CORPUS = [
@@ -123,6 +124,16 @@ def test_hits_without_snippets_are_the_same_hits(store, corpus, query):
         bare = store.search.messages(query, snippets=False, **kw).hits
         assert full and [replace(h, snippet="") for h in full] == bare
         assert any(h.snippet for h in full) and not any(h.snippet for h in bare)
+        # Asked with their neighbours (auto-recall): the same hits, and for each any-word hit
+        # the neighbours adjacent_messages gives, read in the same statement.
+        alone = store.search.messages(query, snippets=False, every_word_first=False, **kw)
+        paired = store.search.messages(query, snippets=False, every_word_first=False, neighbours=True, **kw)
+        some = [h.id for h in alone.hits if h.match == "any"]
+        assert paired.hits == alone.hits and paired.adjacent is not None and alone.adjacent is None
+        # One group (a word, an OR of words): its own search, so no any-word hits.
+        assert some or any_words(parse_query(query)) is None
+        assert paired.adjacent == store.search.adjacent_messages(query, some, agent="agent-a", snippets=False)
+        assert store.search.messages(query, neighbours=True, **kw).adjacent is None  # with snippets: apart
     # The session's ends, a message alone in its session, another agent's, one that does not exist.
     alone = append_messages(store, store.sessions.get_or_create("agent-a", "alone").id,
                             [{"role": "user", "content": "only me"}]).store_ids[0]
@@ -941,3 +952,14 @@ def test_rows_by_ids_reads_what_an_in_list_reads_in_one_statement_of_constant_te
     # One statement for 1,201 ids, one for a single id, one for another: the same text.
     texts = [sql for sql in seen if "lcm_messages" in sql]
     assert len(texts) == 3 and len(set(texts)) == 1
+
+
+@pytest.mark.parametrize("query", ["alembic", "syslog?", '"blue cluster"'])
+def test_a_one_word_query_without_the_every_word_search_is_still_searched(store, corpus, query):
+    """Auto-recall skips the every-word search (its any-word part has every word's weight). A
+    query of one word or one phrase has nothing wider: its own search is the any-word part, so
+    it finds what ``lcm_grep`` finds. Before, a one-word message recalled nothing at all."""
+    kw = {"agent": "agent-a", "sort": "relevance", "limit": 20, "any_words": True, "snippets": False}
+    grep = store.search.messages(query, **kw).hits
+    recall = store.search.messages(query, every_word_first=False, neighbours=True, **kw)
+    assert grep and recall.hits == grep and recall.adjacent == {}

@@ -551,7 +551,8 @@ class MemorySearch(_Part):
         if parsed.is_empty:
             return SearchResult(hits=[], notes=parsed.notes)
         hits = [replace(h, snippet=make_snippet(text, parsed)) for text, h in rows
-                if self._score(text, parsed) is not None][:limit] if every_word_first or not any_words else []
+                if self._score(text, parsed) is not None][:limit] if (
+            every_word_first or not any_words or textindex.any_words(parsed) is None) else []  # one word: its own
         wider = textindex.any_words(parsed) if any_words and len(hits) < limit else None
         if wider is not None:
             seen = {h.id for h in hits}
@@ -567,8 +568,10 @@ class MemorySearch(_Part):
                  platform: str | None = None, time_from: float | None = None, time_to: float | None = None,
                  sort: str = "recency", limit: int = 10, any_words: bool = False,
                  snippets: bool = True, held_session: int | None = None,
-                 every_word_first: bool = True, term_matches: int | None = None) -> SearchResult:
+                 every_word_first: bool = True, term_matches: int | None = None,
+                 neighbours: bool = False) -> SearchResult:
         # held_session: nothing here waits for an index, so there is nothing to leave waiting;
+        # neighbours: not read with the hits here (``SearchResult.adjacent`` None: asked apart);
         # term_matches bounds a database's reads of a common word: here every row is read.
         agent_pk = self._data.agent(agent, create=False)
         rows = [(r.index_text, SearchHit(kind="message", id=r.store_id, session_pk=r.session_pk,
