@@ -162,13 +162,21 @@ def _throughput(targets: dict[str, str], clients: int, seconds: float) -> dict[s
         done = [0] * clients
         errors = [0] * clients
         first_errors: list[str] = []
-        stop = time.perf_counter() + seconds
+        # Every client is made (its HTTP client, its conversation) before the clock starts: on a
+        # slow VM, 64 of them took longer than the whole measuring window, which then counted
+        # almost no requests over the set-up's seconds.
+        ready = threading.Barrier(clients + 1)
+        go = threading.Event()
+        window: list[float] = []
 
-        def worker(i: int, base: str = base, name: str = name, stop: float = stop,
-                   done: list[int] = done, errors: list[int] = errors, first_errors: list[str] = first_errors,
-                   ) -> None:
+        def worker(i: int, base: str = base, name: str = name, ready: threading.Barrier = ready,
+                   go: threading.Event = go, window: list[float] = window, done: list[int] = done,
+                   errors: list[int] = errors, first_errors: list[str] = first_errors) -> None:
             history = _conversation(3, f"t{i}")
             with httpx.Client(timeout=120) as http:
+                ready.wait()
+                go.wait()
+                stop = window[0]
                 while time.perf_counter() < stop:
                     history.append({"role": "user", "content": f"client {i} request {done[i]}"})
                     try:
@@ -182,9 +190,12 @@ def _throughput(targets: dict[str, str], clients: int, seconds: float) -> dict[s
                     history.append({"role": "assistant", "content": ANSWER})
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-        started = time.perf_counter()
         for t in threads:
             t.start()
+        ready.wait()  # every client made
+        started = time.perf_counter()
+        window.append(started + seconds)
+        go.set()
         for t in threads:
             t.join()
         out[name] = {"requests_per_s": sum(done) / (time.perf_counter() - started), "errors": sum(errors),
