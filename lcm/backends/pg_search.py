@@ -78,10 +78,10 @@ _MESSAGE_ROWS_SQL = "SELECT coalesce(sum(message_count), 0) FROM lcm_sessions WH
 
 #: ``PgSearch.newest_id``: the messages' newest id, the scope's rows (the session counters, as
 #: ``PgSearch._scope_rows``) and, agent-wide, ``_AGENT_ALONE``'s answer, in one statement.
-_NEWEST_AND_SCOPE = text(
+_NEWEST_AND_SCOPE = (
     "SELECT (SELECT coalesce(max(id), 0) FROM lcm_messages), "
     f"({_MESSAGE_ROWS_SQL.format(column='agent_id', param='aid')}), coalesce(({_AGENT_ALONE_SQL}), false)")
-_NEWEST_AND_SCOPE_IN_SESSION = text(
+_NEWEST_AND_SCOPE_IN_SESSION = (
     "SELECT (SELECT coalesce(max(id), 0) FROM lcm_messages), "
     f"({_MESSAGE_ROWS_SQL.format(column='id', param='sid')})")
 
@@ -132,8 +132,8 @@ class PgSearch:
         if table != "lcm_messages" or key in spec.scope_memo or known:
             return spec.newest_id(conn, table)
         by_session = spec.session_pk is not None
-        row = conn.execute(_NEWEST_AND_SCOPE_IN_SESSION if by_session else _NEWEST_AND_SCOPE,
-                           {"aid": spec.agent_pk, "sid": spec.session_pk}).one()
+        [row] = driver_rows(conn, _NEWEST_AND_SCOPE_IN_SESSION if by_session else _NEWEST_AND_SCOPE,
+                            {"aid": spec.agent_pk} if not by_session else {"sid": spec.session_pk})
         spec.scope_memo[key] = int(row[0])
         spec.scope_memo[("rows", table, spec.agent_pk, spec.session_pk)] = int(row[1])
         if not by_session:

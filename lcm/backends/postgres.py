@@ -43,7 +43,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 
 from lcm.backends import Backend, IdsIn, IndexRow, SearchSpec
-from lcm.backends.pg_driver import driver_named_rows, driver_row
+from lcm.backends.pg_driver import driver_named_rows, driver_row, driver_rows
 from lcm.backends.pg_search import PgSearch
 from lcm.backends.pg_text import scope_lexemes, tsvector_literal
 from lcm.config import application_name, pg_lock_timeout_ms, pg_pooler, pg_statement_timeout_ms
@@ -304,10 +304,11 @@ class PostgresBackend(Backend):
         only the sessions that have any). ``except_session``'s are not counted while every one
         of them is past its coverage (``stemmed_seq >= covered_seq``: in the raw region a
         context holds verbatim); a compacted message waiting for its stems always counts."""
-        return int(conn.execute(text(
-            "SELECT coalesce(sum(last_seq - stemmed_seq), 0) FROM lcm_sessions "
-            "WHERE last_seq > stemmed_seq AND NOT (id = :sid AND stemmed_seq >= covered_seq)"),
-            {"sid": -1 if except_session is None else except_session}).scalar_one())
+        [(pending,)] = driver_rows(  # before every search: psycopg's own cursor (see pg_driver)
+            conn, "SELECT coalesce(sum(last_seq - stemmed_seq), 0) FROM lcm_sessions "
+            "WHERE last_seq > stemmed_seq AND NOT (id = :sid AND stemmed_seq >= covered_seq)",
+            {"sid": -1 if except_session is None else except_session})
+        return int(pending)
 
     def catch_up_index(self, conn: Connection) -> None:
         """Stem every message above its session's watermark, in statements of ``STEM_BATCH``

@@ -300,12 +300,12 @@ class SQLiteBackend(Backend):
         messages). They are indexed with the next search that needs them, or at
         ``INDEX_BATCH``, with whatever else waits then."""
         if except_session is None:
-            return int(conn.exec_driver_sql(
-                f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK})").scalar_one())
-        return int(conn.execute(text(
-            f"SELECT count(*) FROM lcm_messages m WHERE m.id > ({_MARK}) AND NOT (m.session_id = :sid "
-            "AND m.seq > coalesce((SELECT covered_seq FROM lcm_sessions WHERE id = :sid), 0))"),
-            {"sid": except_session}).scalar_one())
+            return int(driver_execute(
+                conn, f"SELECT count(*) FROM lcm_messages WHERE id > ({_MARK})", ()).fetchone()[0])
+        return int(driver_execute(
+            conn, f"SELECT count(*) FROM lcm_messages m WHERE m.id > ({_MARK}) AND NOT (m.session_id = :sid "
+            "AND m.seq > coalesce((SELECT covered_seq FROM lcm_sessions WHERE id = :sid), 0))",
+            {"sid": except_session}).fetchone()[0])
 
     def catch_up_index(self, conn: Connection) -> None:
         """Both message indexes take the rows above the watermark, in id order, and the

@@ -198,29 +198,31 @@ class Fts5Search:
         empty. A session's messages by seq (its ids rise with it); an agent's messages from its
         sessions' ends (SQLite keeps no (agent_id, id) index: ``min(id)`` of an agent would read
         the table), up to ``EXTENT_SESSIONS`` sessions; summaries (few) by their session index."""
+        # On the driver's connection (``driver_execute``): once per search, SQLAlchemy's work
+        # around these small statements cost more than SQLite took to answer them.
         if kind == "messages" and spec.session_pk is not None:
-            row = conn.execute(text(
-                "SELECT (SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq LIMIT 1), "
+            row = driver_execute(
+                conn, "SELECT (SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq LIMIT 1), "
                 "(SELECT id FROM lcm_messages WHERE session_id = :s ORDER BY seq DESC LIMIT 1), "
-                "(SELECT message_count FROM lcm_sessions WHERE id = :s)"), {"s": spec.session_pk}).one()
+                "(SELECT message_count FROM lcm_sessions WHERE id = :s)", {"s": spec.session_pk}).fetchone()
             return None if row[0] is None else (int(row[0]), int(row[1]), int(row[2] or 0))
         if kind == "messages":
-            count, rows = conn.execute(text(
-                "SELECT count(*), coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :a"),
-                {"a": spec.agent_pk}).one()
+            count, rows = driver_execute(
+                conn, "SELECT count(*), coalesce(sum(message_count), 0) FROM lcm_sessions WHERE agent_id = :a",
+                {"a": spec.agent_pk}).fetchone()
             if not rows:
                 return None
             if count > EXTENT_SESSIONS:
                 return None, None, int(rows)
-            first, last = conn.execute(text(
-                "SELECT min((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq LIMIT 1)), "
+            first, last = driver_execute(
+                conn, "SELECT min((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq LIMIT 1)), "
                 "max((SELECT id FROM lcm_messages m WHERE m.session_id = s.id ORDER BY m.seq DESC LIMIT 1)) "
-                "FROM lcm_sessions s WHERE s.agent_id = :a AND s.message_count > 0"), {"a": spec.agent_pk}).one()
+                "FROM lcm_sessions s WHERE s.agent_id = :a AND s.message_count > 0", {"a": spec.agent_pk}).fetchone()
             return None if first is None else (int(first), int(last), int(rows))
         if spec.session_pk is None:
             return None, None, 0  # an agent's summaries: no index to bound them by, and few
-        first, last = conn.execute(text(
-            "SELECT min(id), max(id) FROM lcm_summaries WHERE session_id = :s"), {"s": spec.session_pk}).one()
+        first, last = driver_execute(
+            conn, "SELECT min(id), max(id) FROM lcm_summaries WHERE session_id = :s", {"s": spec.session_pk}).fetchone()
         return None if first is None else (int(first), int(last), int(last) - int(first) + 1)
 
     @staticmethod
