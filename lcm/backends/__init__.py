@@ -160,7 +160,8 @@ class Backend(ABC):
     autocommit_reads: bool = False
 
     def __init__(self) -> None:
-        #: Insert statements built once per (table, returning, ...): see ``insert_rows``.
+        #: Statements built or compiled once, by key: inserts (``insert_rows``) and what a
+        #: backend runs on the driver.
         self._inserts: dict[tuple[Any, ...], Any] = {}
 
     #: Whether a streaming read replica can serve lag-tolerant reads (``LCM_DATABASE_READ_URL``).
@@ -264,10 +265,6 @@ class Backend(ABC):
         learn, in the same round trip, what the search will ask of its scope next (PostgreSQL:
         whether its agent is alone, its rows), so its phases find them in ``scope_memo``."""
         return spec.newest_id(conn, table)
-
-    def ids_in(self, column: ColumnElement[Any], ids: Sequence[int]) -> ColumnElement[bool]:
-        """``column IN (ids)`` for one chunk of a ``fetch_in``: a list of parameters here."""
-        return column.in_(ids)
 
     def rows_by_ids(self, conn: Connection, key: str, build: Callable[[IdsIn], Select[Any]],
                     ids: Sequence[int], params: Mapping[str, Any] | None = None) -> list[Any]:

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
+from lcm.backends import named_rows
+
 #: Result column names by statement text (``driver_row``).
 _COLUMN_NAMES: dict[str, list[str]] = {}
 #: SQL written with ``:name`` placeholders, as psycopg takes it (``%(name)s``, ``%`` doubled).
@@ -64,7 +66,5 @@ def driver_rows(conn: Connection, sql: str, params: dict[str, Any]) -> list[tupl
 
 def driver_named_rows(conn: Connection, compiled_sql: str, params: dict[str, Any]) -> list[Any]:
     """Every row of ``compiled_sql`` (already in psycopg's placeholders), read by attribute."""
-    from lcm.backends import named_rows
-
     with _cursor(conn, compiled_sql, params) as cursor:
         return named_rows(cursor.description, cursor.fetchall())

@@ -88,8 +88,6 @@ class SQLiteBackend(Backend):
         #: The message index's watermark as this process last read it (a lower bound).
         self._mark_seen = 0
         self._fts = Fts5Search()
-        #: ``rows_by_ids`` statements, compiled once: (SQL, parameter names in order) by key.
-        self._by_ids: dict[str, tuple[str, tuple[str, ...], dict[str, Any]]] = {}
 
     def engine_options(self, url: URL) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_ms / 1000.0, "check_same_thread": False}}
@@ -238,24 +236,28 @@ class SQLiteBackend(Backend):
         ``key`` and run on the driver's connection. A recall's hit rows, their neighbours and
         its records: 1.7-1.9 ms a read through SQLAlchemy at 100k messages, of which SQLite
         took 0.2 (docs/benchmarks.md, eleventh session)."""
-        compiled = self._by_ids.get(key)
-        if compiled is None:  # its literals (``seq - 1``) are parameters too: their values kept
-            done = build(_json_ids_in).compile(dialect=conn.dialect)
-            compiled = self._by_ids[key] = (str(done), tuple(done.positiontup or ()), dict(done.params))
-        sql, order, literals = compiled
-        values = {**literals, **(params or {}), "ids": json.dumps(list(dict.fromkeys(ids)))}
-        cursor = driver_execute(conn, sql, [values[name] for name in order])
+        ids_json = json.dumps(list(dict.fromkeys(ids)))
+        cursor = self._run_compiled(conn, ("rows_by_ids", key), lambda: build(_json_ids_in),
+                                    {**(params or {}), "ids": ids_json})
         return named_rows(cursor.description, cursor.fetchall())
+
+    def _run_compiled(self, conn: Connection, key: Any, make: Callable[[], Any],
+                      params: Mapping[str, Any]) -> Any:
+        """The statement ``make()`` builds, compiled once per ``key`` and run on the driver's
+        connection with ``params`` (its literals, as ``seq - 1``, are parameters too: their
+        values are kept from the compile)."""
+        compiled = self._inserts.get(key)
+        if compiled is None:
+            done = make().compile(dialect=conn.dialect)
+            compiled = self._inserts[key] = (str(done), tuple(done.positiontup or ()), dict(done.params))
+        sql, order, literals = compiled
+        values = {**literals, **params}
+        return driver_execute(conn, sql, [values[name] for name in order])
 
     def returning_row(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> Mapping[str, Any] | None:
         """The statement compiled once for SQLite and run on the driver's connection (the
         session bump of every turn; see ``_insert_messages``)."""
-        compiled = self._inserts.get(stmt)
-        if compiled is None:
-            done = stmt.compile(dialect=conn.dialect)
-            compiled = self._inserts[stmt] = (str(done), tuple(done.positiontup or ()))
-        sql, order = compiled
-        cursor = driver_execute(conn, sql, [params[name] for name in order])
+        cursor = self._run_compiled(conn, stmt, lambda: stmt, params)
         row = cursor.fetchone()
         if row is None:
             return None

@@ -90,15 +90,21 @@ def _hit_rows(ids_in: IdsIn) -> Select[Any]:
         ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
 
 
+def _placed_hits(chosen: list[Candidate], at: dict[int, Any]) -> list[SearchHit]:
+    """Hits without snippets: where each chosen candidate is (``at``: its row, by id), in the
+    candidates' order; one not in ``at`` (out of scope) is left out."""
+    return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
+                      ts=r.ts, role=r.role, score=c.score, snippet="")
+            for c in chosen if (r := at.get(c.id)) is not None]
+
+
 def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds,
                   ) -> list[SearchHit]:
     """The chosen candidates as hits (``rows_by_ids``: the backend's read of rows by id)."""
     ids = [c.id for c in chosen]
     if not spec.snippets:  # where the hits are, not what they say: no row decoded
         at = _in_scope(spec, rows_by_ids(conn, "search.hit_places", _hit_places, ids, {"agent": spec.agent_pk}))
-        return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                          ts=r.ts, role=r.role, score=c.score, snippet="")
-                for c in chosen if (r := at.get(c.id)) is not None]
+        return _placed_hits(chosen, at)
     by_id = _in_scope(spec, rows_by_ids(conn, "search.hit_rows", _hit_rows, ids, {"agent": spec.agent_pk}))
     rows = list(by_id.values())
     # Snippets come from the message's own text; a large payload is not decompressed for
@@ -171,9 +177,7 @@ def _hits_with_neighbours(conn: Connection, spec: SearchSpec, chosen: list[Candi
                                      [c.id for c in chosen], {"agent": spec.agent_pk}))
     sides = _sides(list(at.values()))
     adjacent.update({i: (sides.get((i, "before")), sides.get((i, "after"))) for i in at})
-    return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.ts, role=r.role, score=c.score, snippet="")
-            for c in chosen if (r := at.get(c.id)) is not None]
+    return _placed_hits(chosen, at)
 
 
 class SearchRepository:
