@@ -207,15 +207,26 @@ def _make_term(raw: str, prefix: bool) -> Term | None:
     return Term(raw=spaced, tokens=tokens, prefix=prefix)
 
 
+#: Queries parsed lately (a search and its caller parse the same text: auto-recall's find
+#: checks a message is not wordless, then its search reads it, ~0.4 ms each at 24 terms).
+PARSED_QUERIES_KEPT = 128
+
+
 def parse_query(text: object) -> Query:
     """Read a user query (never raises; an unusable query, or no text at all, gives an empty
-    Query)."""
+    Query). A Query is immutable, so one parse serves every caller of the same text."""
     if not isinstance(text, str):
         return Query(notes=("query must be text",))
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=PARSED_QUERIES_KEPT)
+def _parse_text(text: str) -> Query:
     groups: list[list[Term]] = []
     negatives: list[Term] = []
     notes: list[str] = []
     pending_or = False
+    kept = 0  # terms in groups
     for m in _QUERY_CHUNK.finditer(text):
         neg_quote, quoted, quote_star, word = m.group(1), m.group(2), m.group(3), m.group(4)
         negative = False
@@ -239,8 +250,10 @@ def parse_query(text: object) -> Query:
             continue
         if pending_or and groups:
             groups[-1].append(term)
-        elif sum(len(g) for g in groups) < MAX_QUERY_TERMS:
+            kept += 1
+        elif kept < MAX_QUERY_TERMS:
             groups.append([term])
+            kept += 1
         else:
             notes.append(f"only the first {MAX_QUERY_TERMS} query terms were used")
         pending_or = False

@@ -161,6 +161,11 @@ def encoding_name_for_model(model: str | None) -> str:
         return DEFAULT_ENCODING
 
 
+#: Texts a counter remembers the count of (``TokenCounter.count_remembered``): recall lines of
+#: up to ~1,000 characters, so about 0.5 MB at most.
+REMEMBERED_TEXTS = 512
+
+
 @dataclass
 class TokenCounter:
     """Counts tokens for one model; cheap to create, loads its encoding on first use."""
@@ -174,6 +179,7 @@ class TokenCounter:
         self._encoding_name = encoding_name_for_model(self.model)
         self._count: Callable[[str], int] | None = None
         self._source = "not loaded"
+        self._remembered: dict[str, int] = {}
 
     @property
     def source(self) -> str:
@@ -194,6 +200,17 @@ class TokenCounter:
             return count(text)
         sample = text[:EXACT_COUNT_MAX_CHARS]
         return int(count(sample) * (len(text) / len(sample))) + 1
+
+    def count_remembered(self, text: str) -> int:
+        """:meth:`count_text` of a text likely to be counted again (a recall block's header, a
+        line of a message that recall brings back on turn after turn), remembered by its text:
+        the same count, without the tokenizer (~0.1 ms a 600-character line)."""
+        known = self._remembered.get(text)
+        if known is None:
+            if len(self._remembered) >= REMEMBERED_TEXTS:
+                self._remembered.clear()
+            known = self._remembered[text] = self.count_text(text)
+        return known
 
     def count_message_text(self, text: str) -> int:
         """Tokens a message with this text costs in a prompt (text plus framing)."""

@@ -12,14 +12,14 @@ import functools
 import heapq
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection, Select, Table, and_, bindparam, select
 
 from lcm.backends import Backend, IdsIn, SearchSpec, window_rank
 from lcm.errors import NotFoundError
 from lcm.messages import message_text
-from lcm.records import SORT_MODES, Candidate, SearchHit, SearchResult, SortMode
+from lcm.records import SORT_MODES, Candidate, MatchKind, SearchHit, SearchResult, SortMode
 from lcm.store._core import StoreCore, checked_int, fetch_in, messages_t, sessions_t, summaries_t
 from lcm.store.messages import message_select, records
 from lcm.store.replica import lag_tolerant
@@ -62,7 +62,13 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
 
 
 #: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
-_Hits = Callable[[Connection, SearchSpec, list[Candidate]], list[SearchHit]]
+#: ``match``: what the hits are marked as (``SearchHit.match``), set as they are made.
+class _Hits(Protocol):
+    def __call__(self, conn: Connection, spec: SearchSpec, chosen: list[Candidate], *,
+                 match: MatchKind = "all") -> list[SearchHit]: ...
+
+
+
 #: The backend's read of rows by id (``Backend.rows_by_ids``).
 RowsByIds = Callable[..., list[Any]]
 
@@ -90,21 +96,21 @@ def _hit_rows(ids_in: IdsIn) -> Select[Any]:
         ids_in(messages_t.c.id), messages_t.c.agent_id == bindparam("agent"))
 
 
-def _placed_hits(chosen: list[Candidate], at: dict[int, Any]) -> list[SearchHit]:
+def _placed_hits(chosen: list[Candidate], at: dict[int, Any], match: MatchKind) -> list[SearchHit]:
     """Hits without snippets: where each chosen candidate is (``at``: its row, by id), in the
     candidates' order; one not in ``at`` (out of scope) is left out."""
     return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.ts, role=r.role, score=c.score, snippet="")
+                      ts=r.ts, role=r.role, score=c.score, snippet="", match=match)
             for c in chosen if (r := at.get(c.id)) is not None]
 
 
-def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds,
-                  ) -> list[SearchHit]:
+def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds, *,
+                  match: MatchKind = "all") -> list[SearchHit]:
     """The chosen candidates as hits (``rows_by_ids``: the backend's read of rows by id)."""
     ids = [c.id for c in chosen]
     if not spec.snippets:  # where the hits are, not what they say: no row decoded
         at = _in_scope(spec, rows_by_ids(conn, "search.hit_places", _hit_places, ids, {"agent": spec.agent_pk}))
-        return _placed_hits(chosen, at)
+        return _placed_hits(chosen, at, match)
     by_id = _in_scope(spec, rows_by_ids(conn, "search.hit_rows", _hit_rows, ids, {"agent": spec.agent_pk}))
     rows = list(by_id.values())
     # Snippets come from the message's own text; a large payload is not decompressed for
@@ -113,18 +119,19 @@ def _message_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], r
     texts = {rec.store_id: message_text(rec.message) for rec in records(conn, inline)}
     texts.update({r.id: r.search_text or "" for r in rows if r.payload_id is not None})
     return [SearchHit(kind="message", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.ts, role=r.role, score=c.score,
+                      ts=r.ts, role=r.role, score=c.score, match=match,
                       snippet=make_snippet(texts[r.id], spec.query, loose=spec.stemmed))
             for c in chosen if (r := by_id.get(c.id)) is not None]
 
 
-def _summary_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate]) -> list[SearchHit]:
+def _summary_hits(conn: Connection, spec: SearchSpec, chosen: list[Candidate], *,
+                  match: MatchKind = "all") -> list[SearchHit]:
     rows = fetch_in(conn, (c.id for c in chosen), lambda chunk: select(
         summaries_t, sessions_t.c.session_key).join(sessions_t, sessions_t.c.id == summaries_t.c.session_id).where(
         summaries_t.c.id.in_(chunk), summaries_t.c.agent_id == spec.agent_pk))
     by_id = {r.id: r for r in rows}
     return [SearchHit(kind="summary", id=r.id, session_pk=r.session_id, session_key=r.session_key,
-                      ts=r.latest_at, depth=r.depth, score=c.score,
+                      ts=r.latest_at, depth=r.depth, score=c.score, match=match,
                       snippet=make_snippet(r.content, spec.query, loose=spec.stemmed))
             for c in chosen if (r := by_id.get(c.id)) is not None]
 
@@ -169,7 +176,8 @@ def _sides(rows: Sequence[Any]) -> dict[tuple[int, str], SearchHit]:
 
 
 def _hits_with_neighbours(conn: Connection, spec: SearchSpec, chosen: list[Candidate], rows_by_ids: RowsByIds,
-                          adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]]) -> list[SearchHit]:
+                          adjacent: dict[int, tuple[SearchHit | None, SearchHit | None]], *,
+                          match: MatchKind = "all") -> list[SearchHit]:
     """``_message_hits`` without snippets, and each hit's neighbours put in ``adjacent`` (as
     ``adjacent_messages`` gives them): one statement where the two took two (a round trip and
     about 1 ms of a recall)."""
@@ -177,7 +185,7 @@ def _hits_with_neighbours(conn: Connection, spec: SearchSpec, chosen: list[Candi
                                      [c.id for c in chosen], {"agent": spec.agent_pk}))
     sides = _sides(list(at.values()))
     adjacent.update({i: (sides.get((i, "before")), sides.get((i, "after"))) for i in at})
-    return _placed_hits(chosen, at)
+    return _placed_hits(chosen, at, match)
 
 
 class SearchRepository:
@@ -211,8 +219,8 @@ class SearchRepository:
             if snippets:  # exact-word snippets: a neighbour is returned for where it is, not for its words
                 spec = SearchSpec(query=parse_query(query), agent_pk=agent_pk, session_pk=None, ranked=True,
                                   limit=len(sides) or 1)
-                found = {h.id: replace(h, match="neighbour") for h in self._message_hits(
-                    conn, spec, [Candidate(h.id, None) for h in sides.values()])}
+                found = {h.id: h for h in self._message_hits(
+                    conn, spec, [Candidate(h.id, None) for h in sides.values()], match="neighbour")}
                 sides = {key: found[h.id] for key, h in sides.items() if h.id in found}
         return {r.id: (sides.get((r.id, "before")), sides.get((r.id, "after"))) for r in rows}
 
@@ -251,7 +259,7 @@ class SearchRepository:
                 conn, model, vector, agent_pk=agent_pk, kind=kind, limit=limit,
                 session_pks=None if session_pk is None else (session_pk,), item_ids=item_ids,
                 roles=spec.roles, platform=spec.platform, time_from=spec.time_from, time_to=spec.time_to)
-            hits = [replace(h, match="semantic") for h in hits_of(conn, spec, chosen)]
+            hits = hits_of(conn, spec, chosen, match="semantic")
         return SearchResult(hits=hits)
 
     @lag_tolerant
@@ -461,4 +469,4 @@ def _any_word_hits(conn: Connection, spec: SearchSpec, room: int, seen: set[int]
         chosen += [Candidate(row_id, rounded) for row_id in heapq.nlargest(room - len(chosen), by_score[value])]
         if len(chosen) >= room:
             break
-    return [replace(h, match="any") for h in hits_of(conn, replace(spec, stemmed=True), chosen)], clamped
+    return hits_of(conn, replace(spec, stemmed=True), chosen, match="any"), clamped

@@ -183,9 +183,9 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
     (tests/unit/test_recall_block_count.py, on the split of every OpenAI encoding). With the
     character estimate (no tokenizer) the sum is an upper bound. Counting the whole block again
     cost 0.5-0.7 ms a recall."""
-    count = context.tokens.count_text
-    header = count(RECALL_HEADER + "\n")
-    room = max_tokens - header - count(RECALL_CLOSE)
+    count, remembered = context.tokens.count_text, context.tokens.count_remembered
+    header = remembered(RECALL_HEADER + "\n")
+    room = max_tokens - header - remembered(RECALL_CLOSE)
     per_hit = max(20, min(MAX_TOKENS_PER_HIT, int(max_tokens * MAX_SHARE_PER_HIT)))
     lines: list[str] = []
     for record in chosen:
@@ -194,7 +194,7 @@ def _render(context: ContextSession, chosen: list[MessageRecord], max_tokens: in
         limit = min(per_hit, room)
         if len(line) > limit * PRECUT_CHARS_PER_TOKEN:
             line = line[:limit * PRECUT_CHARS_PER_TOKEN].rstrip() + " …"
-        size = count(line + "\n")
+        size = remembered(line + "\n")
         if size > limit:
             line, size = _cut(line, limit, size, count)
         if not line or size > room:

@@ -175,7 +175,13 @@ def spread_to_neighbours(hits: list[SearchHit], adjacent: dict[int, tuple[Search
             scores[side.id] = scores.get(side.id, 0.0) + NEIGHBOUR_SHARE * (h.score or 0.0)
             best.setdefault(side.id, side)
     order = sorted(scores, key=lambda i: (-scores[i], -i))[:max(0, limit - len(every))]
-    return (every + [replace(best[i], score=round(scores[i], 6)) for i in order] + rest)[:limit]
+    return (every + [_scored(best[i], round(scores[i], 6)) for i in order] + rest)[:limit]
+
+
+def _scored(hit: SearchHit, score: float) -> SearchHit:
+    """``hit`` with ``score`` (the same object when that is its score already: most hits no
+    neighbour added to, and a re-made hit costs ~7 µs)."""
+    return hit if hit.score == score else replace(hit, score=score)
 
 
 def merge_hits(messages: list[SearchHit], summaries: list[SearchHit], sort: SortMode,

@@ -76,6 +76,18 @@ def test_parse_query_never_raises_and_renders(text):
         assert render_tsquery(q, ["s1"])
 
 
+def test_a_query_starts_at_most_its_term_limit_and_is_parsed_once():
+    from lcm.textindex import MAX_QUERY_TERMS
+
+    text = " ".join(f"w{i}" for i in range(MAX_QUERY_TERMS - 1)) + " x OR y more words"
+    q = parse_query(text)
+    # The last group started within the limit keeps its OR alternatives; later words are dropped.
+    assert [t.raw for g in q.groups for t in g][-3:] == [f"w{MAX_QUERY_TERMS - 2}", "x", "y"]
+    assert len(q.groups) == MAX_QUERY_TERMS and q.notes[0] == f"only the first {MAX_QUERY_TERMS} query terms were used"
+    assert parse_query(text) is q  # an immutable Query: one parse serves every caller
+    assert parse_query(["not", "text"]).notes == ("query must be text",)
+
+
 def test_query_language():
     q = parse_query('alembic.ini "exact phrase" conf* foo OR bar -skip NEAR( :^')
     groups = [[(t.tokens, t.prefix) for t in g] for g in q.groups]

@@ -79,3 +79,15 @@ def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("LCM_TOKENIZER_CACHE", "0")
     tok._load_without_network(tok.OFFLINE_ENCODING)
     assert not any(tmp_path.rglob("*.marshal"))
+
+
+def test_a_remembered_count_is_the_count_and_the_memory_stays_bounded(monkeypatch):
+    counter = tok.TokenCounter("gpt-4o")
+    texts = [f"[store_id={i} user] line number {i} of a recall block\n" for i in range(tok.REMEMBERED_TEXTS + 10)]
+    for text in texts + texts[:5]:
+        assert counter.count_remembered(text) == counter.count_text(text)
+    assert len(counter._remembered) <= tok.REMEMBERED_TEXTS
+    calls = []
+    monkeypatch.setattr(counter, "count_text", lambda text: calls.append(text) or 7)
+    counter.count_remembered(texts[-1])  # remembered: the tokenizer is not asked again
+    assert calls == []
