@@ -37,6 +37,7 @@ from lcm.context.summarize.routes import OpenAICompatibleRoute
 from lcm.errors import retry_dropped
 from lcm.messages import content_hash, has_hints, without_hints
 from lcm.proxy.callers import Caller
+from lcm.proxy.toolloop import is_lcm_offer
 from lcm.proxy.windows import Windows
 from lcm.tokens import TokenCounter
 from lcm.tools.autorecall import recall_block
@@ -100,7 +101,7 @@ class Conversations:
         self.auto_recall = config.auto_recall if auto_recall is None else auto_recall
         self._open: OrderedDict[tuple[str, str], Conversation] = OrderedDict()
         self._lock = threading.Lock()
-        self._tool_sizes: dict[str, int] = {}
+        self._tool_sizes: dict[int | str, int] = {}
         self.tokens = TokenCounter()
 
     def get(self, caller: Caller, model: str) -> Conversation:
@@ -200,13 +201,28 @@ class Conversations:
         return min(room, max(MIN_RECALL_ROOM, window // RECALL_SHARE_OF_WINDOW)) if window else room
 
     def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
-        """Tokens of the tools' definitions as the upstream gets them (remembered per set)."""
+        """Tokens of the tools' definitions as the upstream gets them: lcm's (the same objects
+        every request, ``toolloop.LCM_OFFERS``) counted once each, the client's remembered per
+        set. Rendering and hashing every request's tools cost 0.15 ms a request."""
         if not tools:
             return 0
-        rendered = json.dumps(tools, sort_keys=True, separators=(",", ":"))
-        key = hashlib.sha256(rendered.encode()).hexdigest()
+        theirs = [t for t in tools if not is_lcm_offer(t)]
+        total = sum(self._tokens_of([t]) for t in tools if is_lcm_offer(t))
+        return total + (self._tokens_of(theirs) if theirs else 0)
+
+    def _tokens_of(self, tools: list[dict[str, Any]]) -> int:
+        """Tokens of ``tools`` rendered as JSON (remembered; lcm's by identity, the client's
+        by their rendering)."""
+        key: int | str = id(tools[0]) if len(tools) == 1 and is_lcm_offer(tools[0]) else ""
         with self._lock:
-            known = self._tool_sizes.get(key)
+            known = self._tool_sizes.get(key) if key else None
+        if known is not None:
+            return known
+        rendered = json.dumps(tools, sort_keys=True, separators=(",", ":"))
+        if not key:
+            key = hashlib.sha256(rendered.encode()).hexdigest()
+            with self._lock:
+                known = self._tool_sizes.get(key)
         if known is None:
             known = self.tokens.count_text(rendered)
             with self._lock:

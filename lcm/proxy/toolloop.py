@@ -42,6 +42,16 @@ class Offer:
 
 
 NOT_OFFERED = Offer(None, frozenset())
+#: lcm's tool definitions as offered: the same objects in every request (nothing changes
+#: them), so what they cost in tokens is known by identity (``is_lcm_offer``).
+LCM_OFFERS: tuple[dict[str, Any], ...] = tuple({"type": "function", "function": dict(s)} for s in TOOL_SCHEMAS)
+_LCM_OFFER_NAMES = tuple(str(s["name"]) for s in TOOL_SCHEMAS)
+_LCM_OFFER_IDS = frozenset(id(o) for o in LCM_OFFERS)
+
+
+def is_lcm_offer(tool: Any) -> bool:
+    """Whether ``tool`` is one of :data:`LCM_OFFERS` (the object itself)."""
+    return id(tool) in _LCM_OFFER_IDS
 
 
 def offer(body: Mapping[str, Any]) -> Offer:
@@ -53,7 +63,7 @@ def offer(body: Mapping[str, Any]) -> Offer:
         return NOT_OFFERED
     own = list(body.get("tools") or [])
     taken = {((t.get("function") or {}).get("name")) for t in own if isinstance(t, Mapping)}
-    added = [{"type": "function", "function": dict(s)} for s in TOOL_SCHEMAS if s["name"] not in taken]
+    added = [o for o, name in zip(LCM_OFFERS, _LCM_OFFER_NAMES, strict=True) if name not in taken]
     return Offer(own + added, frozenset(LCM_TOOLS - taken))
 
 
