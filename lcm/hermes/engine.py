@@ -34,7 +34,7 @@ from lcm.hermes.routes import HermesAuxiliaryRoute
 from lcm.records import SessionRecord
 from lcm.tokens import TokenCounter
 from lcm.tools import TOOL_SCHEMAS, run_tool
-from lcm.tools.autorecall import RecallBlock, recall_block
+from lcm.tools.autorecall import HeldContext, RecallBlock, recall_block
 
 log = logging.getLogger("lcm")
 
@@ -83,6 +83,7 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         self.protect_last_n = config.fresh_tail_count
         self._lock = threading.RLock()
         self._host_session: str | None = None  # the host's id of the bound session
+        self._held_context = HeldContext()  # what auto-recall last saw of the host's context
 
     # ------------------------------------------------------------------ identity & copies
 
@@ -273,7 +274,8 @@ class LcmEngine(ContextEngineBase):  # type: ignore[misc]
         block whose ``reason`` says why (and ``get_status()["last_error"]``)."""
         budget = max_tokens if max_tokens is not None else self.config.auto_recall_max_tokens
         return self._guarded("recall", lambda: recall_block(
-            self.context, user_message, max_tokens=budget, context_messages=context_messages),
+            self.context, user_message, max_tokens=budget, context_messages=context_messages,
+            held=self._held_context),
             RecallBlock(reason="auto-recall failed (lcm_status last_error says why)"))
 
     def recall_context(self, session_id: str, user_message: Any,

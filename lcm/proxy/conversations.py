@@ -40,7 +40,7 @@ from lcm.proxy.callers import Caller
 from lcm.proxy.toolloop import is_lcm_offer
 from lcm.proxy.windows import Windows
 from lcm.tokens import TokenCounter
-from lcm.tools.autorecall import recall_block
+from lcm.tools.autorecall import HeldContext, recall_block
 from lcm.transcript import same_objects_prefix
 
 #: Conversations kept open at once (least recently used dropped first).
@@ -62,6 +62,8 @@ class Conversation:
     context: ContextSession
     model: str
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The context as auto-recall last saw it, keyed for "is this hit already in it".
+    held: HeldContext = field(default_factory=HeldContext)
     #: content hash of a user message → the recall block it was sent with, and its tokens.
     recalled: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
     #: The current request's API key, for the summarizer's calls to the same upstream during
@@ -255,8 +257,8 @@ class Conversations:
             digest = content_hash(message)
             kept = conversation.recalled.get(digest)
             if kept is None and i == last_user == len(out) - 1 and self.auto_recall:
-                found = recall_block(conversation.context, message,
-                                     max_tokens=self._recall_room(conversation), context_messages=out)
+                found = recall_block(conversation.context, message, max_tokens=self._recall_room(conversation),
+                                     context_messages=out, held=conversation.held)
                 conversation.context.last_recall = found.as_dict() | {"text": None}
                 kept = conversation.recalled[digest] = (found.text, found.tokens)
                 while len(conversation.recalled) > RECALLED_PER_CONVERSATION:
