@@ -162,6 +162,21 @@ def test_a_context_message_is_recognised_with_its_recall_block_and_not_by_its_te
     assert FACT in engine.recall(asked, [*transcript, other_role]).text
 
 
+def test_the_asked_message_is_not_quoted_back_to_itself_but_its_answer_is(make_engine):
+    """A user message asked again word for word (stored in an earlier session) is the question
+    itself, not an answer to it: left out by content hash; the turn that answered it stays."""
+    engine = make_engine(context_length=100_000, embeddings="off")
+    converse(engine, "old", [(FACT, "Noted: copper lantern 42, in the blue binder."), *TURNS])
+    transcript = converse(engine, "new", TURNS[:2])
+    block = engine.recall(FACT, transcript)
+    quoted = engine.context.store.messages.get_many(block.store_ids, agent=engine.context.agent_id)
+    assert [r.message["content"] for r in quoted if r.message["role"] == "user"].count(FACT) == 0
+    assert "Noted: copper lantern 42" in block.text
+    # Another user message with the same words and one more is not the question itself.
+    other = engine.recall(FACT + " Thanks.", transcript)
+    assert FACT in other.text
+
+
 def test_the_block_is_never_stored_whatever_the_host_sends_back(make_engine, db_url):
     engine = make_engine(context_length=100_000, embeddings="off")
     transcript = converse(engine, "old", [(FACT, "Noted."), *TURNS])
