@@ -37,13 +37,33 @@ def _doc_freqs(conn: Connection, spec: SearchSpec, kind: str, terms: Sequence[Te
         parts = []
         for i, term in enumerate(missing):
             params[f"m{i}"] = _fts5_term(term)
-            parts.append(f"SELECT {i}, count(*), min(id) FROM (SELECT rowid AS id FROM {fts} "
-                         f"WHERE {fts} MATCH :m{i} ORDER BY rowid DESC LIMIT :n)")
+            parts.append(f"SELECT {i}, count(*), min(id), CASE WHEN count(*) < :n THEN group_concat(id) END "
+                         f"FROM (SELECT rowid AS id FROM {fts} WHERE {fts} MATCH :m{i} ORDER BY rowid DESC LIMIT :n)")
         newest = spec.newest_id(conn, BASE_TABLES[kind])
-        for i, sampled, oldest in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
+        for i, sampled, oldest, every in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
             spec.scope_memo["doc_freq", kind, missing[i]] = window_rank.estimate_doc_freq(
                 int(sampled), oldest, newest)
+            if sampled < window_rank.DF_SAMPLE:  # the walk read every row with the word
+                spec.scope_memo["postings", kind, missing[i]] = sorted(
+                    (int(x) for x in every.split(",")) if every else (), reverse=True)
     return [float(spec.scope_memo["doc_freq", kind, t]) for t in terms]
+
+
+def _walked(spec: SearchSpec, kind: str, where: _Where) -> list[int] | None:
+    """A plain lookup of one word as written, answered from what :func:`_doc_freqs` read: every
+    row of the store with that word, when it has fewer than ``DF_SAMPLE`` (a rare word). Only
+    where the scope fills its id range (``_Where.alone``): its rows there are all the scope's.
+    None when the walk cannot answer it. A recall's rare words (about nine a message) were read
+    twice, once for their frequency and once for their rows."""
+    if (kind != "messages" or spec.stemmed or spec.ranked or spec.has_post_filters or spec.roles
+            or spec.query.negatives or len(spec.query.groups) != 1 or len(spec.query.groups[0]) != 1
+            or not where.alone or where.first_id is None or where.last_id is None):
+        return None
+    rows = spec.scope_memo.get(("postings", kind, spec.query.groups[0][0]))
+    if rows is None:
+        return None
+    lo, hi = where.first_id, where.last_id
+    return [i for i in rows if lo <= i <= hi][:spec.limit]
 
 
 def _fts5_term(term: Term) -> str:
@@ -178,6 +198,11 @@ class Fts5Search:
         for i, spec in enumerate(specs):
             if spec.ranked or spec.has_post_filters:  # not a plain lookup: on its own
                 out[i] = [c.id for c in self.search(conn, spec, kind)[0]]
+                continue
+            where = self._where(conn, spec, kind)
+            walked = _walked(spec, kind, where) if where is not None else None
+            if walked is not None:
+                out[i] = walked
                 continue
             newest = self._newest(conn, spec, kind, str(i), params)
             if newest is not None:
