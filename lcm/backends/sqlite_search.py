@@ -178,12 +178,10 @@ class Fts5Search:
         match = render_match(spec.query, scope, spec.roles if kind == "messages" else ())
         return _Where(fts, match, first_id, last_id, alone, scope_rows)
 
-    def _newest(self, conn: Connection, spec: SearchSpec, kind: str, tag: str, params: dict[str, Any]) -> str | None:
-        """A SELECT of ``spec``'s newest ``spec.limit`` matches (``id``), its parameters added to
-        ``params`` under names ending in ``tag``; None when its scope holds no row."""
-        where = self._where(conn, spec, kind)
-        if where is None:
-            return None
+    @staticmethod
+    def _newest(spec: SearchSpec, where: _Where, tag: str, params: dict[str, Any]) -> str:
+        """A SELECT of ``spec``'s newest ``spec.limit`` matches (``id``) where ``where`` says,
+        its parameters added to ``params`` under names ending in ``tag``."""
         within, own = where.within(tag)
         params.update(own)
         params[f"n{tag}"] = spec.limit
@@ -200,13 +198,13 @@ class Fts5Search:
                 out[i] = [c.id for c in self.search(conn, spec, kind)[0]]
                 continue
             where = self._where(conn, spec, kind)
-            walked = _walked(spec, kind, where) if where is not None else None
+            if where is None:  # its scope holds no row
+                continue
+            walked = _walked(spec, kind, where)
             if walked is not None:
                 out[i] = walked
                 continue
-            newest = self._newest(conn, spec, kind, str(i), params)
-            if newest is not None:
-                parts.append(f"SELECT {i}, id FROM ({newest})")
+            parts.append(f"SELECT {i}, id FROM ({self._newest(spec, where, str(i), params)})")
         if parts:
             for i, row_id in driver_execute(conn, " UNION ALL ".join(parts), params).fetchall():
                 out[i].append(row_id)

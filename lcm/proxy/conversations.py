@@ -21,6 +21,7 @@ memory and the usage counters are lost).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import threading
@@ -204,29 +205,31 @@ class Conversations:
 
     def _tools_tokens(self, tools: list[dict[str, Any]] | None) -> int:
         """Tokens of the tools' definitions as the upstream gets them: lcm's (the same objects
-        every request, ``toolloop.LCM_OFFERS``) counted once each, the client's remembered per
-        set. Rendering and hashing every request's tools cost 0.15 ms a request."""
+        every request, ``toolloop.LCM_OFFERS``) counted once each, by identity; the client's
+        remembered per set, by their rendering. Rendering and hashing every request's tools
+        cost 0.15 ms a request."""
         if not tools:
             return 0
         theirs = [t for t in tools if not is_lcm_offer(t)]
-        total = sum(self._tokens_of([t]) for t in tools if is_lcm_offer(t))
-        return total + (self._tokens_of(theirs) if theirs else 0)
+        ours = 0
+        for tool in tools:
+            if is_lcm_offer(tool):
+                ours += self._remembered(id(tool), functools.partial(self._count_rendered, [tool]))
+        if not theirs:
+            return ours
+        rendered = _rendered(theirs)
+        return ours + self._remembered(hashlib.sha256(rendered.encode()).hexdigest(),
+                                       functools.partial(self.tokens.count_text, rendered))
 
-    def _tokens_of(self, tools: list[dict[str, Any]]) -> int:
-        """Tokens of ``tools`` rendered as JSON (remembered; lcm's by identity, the client's
-        by their rendering)."""
-        key: int | str = id(tools[0]) if len(tools) == 1 and is_lcm_offer(tools[0]) else ""
+    def _count_rendered(self, tools: list[dict[str, Any]]) -> int:
+        return self.tokens.count_text(_rendered(tools))
+
+    def _remembered(self, key: int | str, count: Callable[[], int]) -> int:
+        """A tool set's tokens by ``key``, counted once (``_tool_sizes``, bounded)."""
         with self._lock:
-            known = self._tool_sizes.get(key) if key else None
-        if known is not None:
-            return known
-        rendered = json.dumps(tools, sort_keys=True, separators=(",", ":"))
-        if not key:
-            key = hashlib.sha256(rendered.encode()).hexdigest()
-            with self._lock:
-                known = self._tool_sizes.get(key)
+            known = self._tool_sizes.get(key)
         if known is None:
-            known = self.tokens.count_text(rendered)
+            known = count()
             with self._lock:
                 if len(self._tool_sizes) > 256:
                     self._tool_sizes.clear()
@@ -288,6 +291,11 @@ class Conversations:
     def run_locked(self, conversation: Conversation, action: Callable[[ContextSession], Any]) -> Any:
         with conversation.lock:
             return retry_dropped(lambda: action(conversation.context))
+
+
+def _rendered(tools: list[dict[str, Any]]) -> str:
+    """Tool definitions as JSON, keys sorted: what their token count is counted on."""
+    return json.dumps(tools, sort_keys=True, separators=(",", ":"))
 
 
 def in_clients_form(out: list[dict[str, Any]], client: list[dict[str, Any]], *, start: int = 0) -> None:

@@ -61,12 +61,11 @@ def order_candidates(candidates: list[Candidate], sort: SortMode, limit: int) ->
     return [c for _, c in fused[:limit]]
 
 
-#: Per kind: the backend's candidate search, and the hits for the chosen candidate ids.
-#: ``match``: what the hits are marked as (``SearchHit.match``), set as they are made.
 class _Hits(Protocol):
+    """Per kind: the hits for the chosen candidate ids, marked ``match`` as they are made."""
+
     def __call__(self, conn: Connection, spec: SearchSpec, chosen: list[Candidate], *,
                  match: MatchKind = "all") -> list[SearchHit]: ...
-
 
 
 #: The backend's read of rows by id (``Backend.rows_by_ids``).
