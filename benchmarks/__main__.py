@@ -52,7 +52,7 @@ SIZES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "compaction": [{"messages": 2_000}],
         "startup": [{"target_mb": 5}],
         "cache": [{"turns": 30, "windows": [64_000], "sweep": [0.4]}],
-        "recall": [{"messages": 2_000}],
+        "recall": [{"messages": 600, "questions": 100}],
         "fleet": [{"seconds": 2, "counts": [1, 2]}],
         "ui": [{"messages": 2_000, "sessions": 8, "runs": 3}],
         "cli": [{"runs": 3}],
